@@ -1,0 +1,86 @@
+"""Sampling and bookkeeping of the corpus context (the J documents the first stage embeds).
+
+One function decides which documents become the context everywhere: the model's ``set_context``, the eval kit
+and the trainer all call :func:`sample_context`, so a (corpus, J, seed) triple always yields the same context.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+def validate_texts(texts: Sequence[str], what: str = "context corpus") -> list[str]:
+    """Return ``texts`` as a list, raising a clear error for an empty corpus or non-string items."""
+    if isinstance(texts, str):
+        raise TypeError(f"The {what} must be a sequence of strings, got a single string.")
+    texts = list(texts)
+    if not texts:
+        raise ValueError(f"The {what} is empty: give at least one document.")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"The {what} must contain only strings; item {i} is {type(text).__name__}: {text!r:.80}")
+    return texts
+
+
+def sample_indices(n: int, size: int, seed: int = 0) -> np.ndarray:
+    """Pick ``size`` indices from ``range(n)``: seeded, without replacement; tiled only when ``n < size``.
+
+    Tiling repeats every document as evenly as possible (each appears ``size // n`` or ``size // n + 1`` times),
+    so a small corpus is represented uniformly rather than by a random subset with duplicates.
+    """
+    if n <= 0:
+        raise ValueError("Cannot sample a context from an empty corpus.")
+    if size < 0:
+        raise ValueError(f"Context size must be >= 0, got {size}.")
+    rng = np.random.default_rng(seed)
+    if size <= n:
+        return np.sort(rng.choice(n, size=size, replace=False))
+    reps, rest = divmod(size, n)
+    tiled = np.tile(np.arange(n), reps)
+    extra = np.sort(rng.choice(n, size=rest, replace=False))
+    return np.concatenate([tiled, extra])
+
+
+def sample_context(texts: Sequence[str], size: int, seed: int = 0) -> list[str]:
+    """Sample the ``size`` context documents of a corpus (see :func:`sample_indices`).
+
+    Example:
+        >>> sample_context(["a", "b", "c", "d"], size=2, seed=0)  # doctest: +SKIP
+        ['a', 'c']
+    """
+    texts = validate_texts(texts)
+    return [texts[i] for i in sample_indices(len(texts), size, seed)]
+
+
+def fingerprint_texts(texts: Sequence[str], prompt: str = "") -> str:
+    """A short, stable hash of the (prompted) context documents, for inspection and result bookkeeping."""
+    h = hashlib.sha256(prompt.encode("utf-8"))
+    for t in texts:
+        h.update(b"\x00")
+        h.update(t.encode("utf-8"))
+    return h.hexdigest()[:16]
+
+
+def fingerprint_array(array: np.ndarray) -> str:
+    """A short, stable hash of precomputed context vectors."""
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    return hashlib.sha256(array.tobytes() + str(array.shape).encode()).hexdigest()[:16]
+
+
+@dataclass
+class ContextInfo:
+    """What the active context is: ``size`` vectors from ``source`` ("texts" or "vectors")."""
+
+    size: int
+    seed: int | None
+    fingerprint: str
+    source: str
+    prompt: str | None = None
+    corpus_size: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
