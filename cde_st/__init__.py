@@ -1,0 +1,17 @@
+"""cde_st: Contextual Document Embeddings for sentence-transformers."""
+
+from cde_st.context import ContextInfo, sample_context
+from cde_st.model import ContextualSentenceTransformer, contextual_module, is_contextual, set_context
+from cde_st.modules import ContextualTransformer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ContextInfo",
+    "ContextualSentenceTransformer",
+    "ContextualTransformer",
+    "contextual_module",
+    "is_contextual",
+    "sample_context",
+    "set_context",
+]

@@ -1,0 +1,155 @@
+"""ContextualSentenceTransformer: a SentenceTransformer whose first module is a ContextualTransformer.
+
+It loads from a folder without ``trust_remote_code`` (its module classes are registered), and adds the context hook
+(:meth:`set_context`, :meth:`clear_context`, :attr:`context_info`). The same hook is available for any
+``SentenceTransformer`` that holds a :class:`ContextualTransformer` (e.g. one loaded with
+``SentenceTransformer(path, trust_remote_code=True)``) through the module-level :func:`set_context`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+
+from cde_st.context import ContextInfo
+from cde_st.modules.contextual_transformer import ContextualTransformer
+
+_MODULE_CLASSES = {
+    "cde_st.ContextualTransformer": ContextualTransformer,
+    "cde_st.modules.ContextualTransformer": ContextualTransformer,
+    "cde_st.modules.contextual_transformer.ContextualTransformer": ContextualTransformer,
+}
+
+
+def contextual_module(model: torch.nn.Module) -> ContextualTransformer:
+    """The :class:`ContextualTransformer` of ``model`` (a SentenceTransformer or the module itself)."""
+    if isinstance(model, ContextualTransformer):
+        return model
+    if isinstance(model, SentenceTransformer) and len(model) and isinstance(model[0], ContextualTransformer):
+        return model[0]
+    raise TypeError(
+        f"{type(model).__name__} is not a contextual model: its first module is not a ContextualTransformer."
+    )
+
+
+def is_contextual(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is (or starts with) a :class:`ContextualTransformer`."""
+    try:
+        contextual_module(model)
+    except TypeError:
+        return False
+    return True
+
+
+def set_context(
+    model: torch.nn.Module,
+    context: Sequence[str] | torch.Tensor | np.ndarray,
+    seed: int = 0,
+    prompt: str | None = None,
+    batch_size: int = 32,
+    show_progress_bar: bool | None = None,
+) -> ContextInfo:
+    """Set the active context of any contextual model (see :meth:`ContextualTransformer.set_context`).
+
+    Example:
+        >>> model = SentenceTransformer("path/to/cde_model", trust_remote_code=True)  # doctest: +SKIP
+        >>> cde_st.set_context(model, corpus_texts, seed=0)                           # doctest: +SKIP
+    """
+    return contextual_module(model).set_context(
+        context, seed=seed, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar
+    )
+
+
+class ContextualSentenceTransformer(SentenceTransformer):
+    """A contextual document embedding model (CDE, Morris & Rush, ICLR 2025) as a ``SentenceTransformer``.
+
+    Build one from a pretrained encoder with :meth:`from_encoder`, load a saved one with
+    ``ContextualSentenceTransformer(path)``. Set the corpus context once, then encode as usual::
+
+        model = ContextualSentenceTransformer.from_encoder("sentence-transformers/all-MiniLM-L6-v2", context_size=64)
+        model.set_context(corpus_texts, seed=0)          # samples 64 documents, runs the first stage once
+        q = model.encode_query(["what causes rain?"])      # "search_query: " prefix + corpus context
+        d = model.encode_document(corpus_texts)            # "search_document: " prefix + corpus context
+        model.save("my-cde")                               # the context is saved with the model
+
+    ``encode(..., dataset_embeddings=vectors)`` overrides the context for one call. With no context the model
+    uses the null context (a plain bi-encoder) and warns once.
+    """
+
+    _module_classes = _MODULE_CLASSES
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if not is_contextual(self):
+            first = type(self[0]).__name__ if len(self) else "nothing"
+            raise ValueError(
+                f"ContextualSentenceTransformer needs a ContextualTransformer as first module, got {first}. "
+                "To build a contextual model from a pretrained encoder use "
+                "ContextualSentenceTransformer.from_encoder(name_or_path, context_size=J)."
+            )
+
+    @classmethod
+    def from_encoder(
+        cls,
+        name_or_path: str,
+        context_size: int = 512,
+        prompts: dict[str, str] | None = None,
+        device: str | None = None,
+        **config,
+    ) -> ContextualSentenceTransformer:
+        """Build M1 and M2 from the same pretrained encoder (HF id/folder or sentence-transformers folder).
+
+        ``config`` holds any :class:`ContextualTransformer` field (``sequence_dropout``, ``output_head``,
+        ``include_prompt``, ``max_seq_length``, ``query_prompt``, ``document_prompt``, ...).
+        """
+        module = ContextualTransformer.from_encoder(name_or_path, context_size=context_size, **config)
+        if prompts is None:
+            prompts = {"query": module.query_prompt, "document": module.document_prompt}
+        return cls(modules=[module], prompts=prompts, device=device)
+
+    @property
+    def contextual_module(self) -> ContextualTransformer:
+        return contextual_module(self)
+
+    @property
+    def context_size(self) -> int:
+        """J, the number of context slots."""
+        return self.contextual_module.context_size
+
+    @property
+    def context_info(self) -> ContextInfo | None:
+        """The active context (size, seed, fingerprint, ...) or None."""
+        return self.contextual_module.context_info
+
+    def set_context(
+        self,
+        context: Sequence[str] | torch.Tensor | np.ndarray,
+        seed: int = 0,
+        prompt: str | None = None,
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+    ) -> ContextInfo:
+        """Sample J documents of ``context`` (seeded, without replacement; tiled only if fewer than J), prefix them
+        with the document prompt (or ``prompt``), embed them with the first stage once and cache the vectors.
+        ``context`` may instead be precomputed first-stage vectors of shape (n <= J, hidden_size)."""
+        if prompt is None and not isinstance(context, (torch.Tensor, np.ndarray)):
+            prompt = self.prompts.get("document") or self.contextual_module.document_prompt
+        return set_context(
+            self, context, seed=seed, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar
+        )
+
+    def embed_context(
+        self, corpus: Sequence[str], seed: int = 0, prompt: str | None = None, batch_size: int = 32
+    ) -> torch.Tensor:
+        """First-stage vectors (J, hidden_size) of a corpus sample, without making them active; pass them as
+        ``dataset_embeddings=`` to ``encode`` or to :meth:`set_context`."""
+        if prompt is None:
+            prompt = self.prompts.get("document") or self.contextual_module.document_prompt
+        return self.contextual_module.embed_context(corpus, seed=seed, prompt=prompt, batch_size=batch_size)[0]
+
+    def clear_context(self) -> None:
+        """Drop the active context."""
+        self.contextual_module.clear_context()

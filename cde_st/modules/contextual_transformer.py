@@ -1,0 +1,515 @@
+"""ContextualTransformer: the two-stage contextual document encoder as one sentence-transformers input module.
+
+Stage 1 (M1, "dataset encoder") embeds J corpus documents into J context vectors:
+    tokens -> M1 encoder -> mean pool -> MLP head                      (J, d2)
+Stage 2 (M2) embeds a query or document *given* those vectors:
+    [c_1 .. c_J ; e(t_1) .. e(t_L)] -> M2 encoder -> mean pool over t   (B, d2)
+The context rows enter after the embedding layer, so they have no position: the context is a set. A learned null
+vector fills empty slots (fewer than J documents, sequence dropout, or no context at all).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from sentence_transformers.base.modules import InputModule
+from sentence_transformers.util import load_file_path
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
+from transformers.utils import logging as transformers_logging
+
+from cde_st.context import ContextInfo, fingerprint_array, fingerprint_texts, sample_context, validate_texts
+from cde_st.modules.backbone import get_adapter
+
+CONTEXT_FILE = "context.safetensors"
+DEFAULT_QUERY_PROMPT = "search_query: "
+DEFAULT_DOCUMENT_PROMPT = "search_document: "
+
+
+def _resolve_attn_implementation(name: str | None) -> str:
+    if name in (None, "auto"):
+        if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+        return "sdpa"
+    return name
+
+
+def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, L, d), (B, L) -> (B, d): mean over positions where mask is 1 (zero vector if none)."""
+    mask = mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+class _Head(nn.Module):
+    """Linear -> activation -> Linear, optionally residual. With ``residual`` the last layer starts at zero,
+    so an untrained head is the identity and a model built from a pretrained encoder starts as that encoder."""
+
+    def __init__(self, d_in: int, d_out: int, activation: str, residual: bool):
+        super().__init__()
+        if residual and d_in != d_out:
+            raise ValueError(f"A residual head needs equal input and output widths, got {d_in} -> {d_out}.")
+        self.residual = residual
+        self.fc1 = nn.Linear(d_in, d_out)
+        self.act = nn.GELU() if activation == "gelu" else nn.ReLU()
+        self.fc2 = nn.Linear(d_out, d_out)
+        if residual:
+            nn.init.zeros_(self.fc2.weight)
+            nn.init.zeros_(self.fc2.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc2(self.act(self.fc1(x)))
+        return x + out if self.residual else out
+
+
+def _build_encoder(config: dict | Any, attn_implementation: str | None) -> PreTrainedModel:
+    if isinstance(config, dict):
+        config = dict(config)
+        config = AutoConfig.for_model(config.pop("model_type"), **config)
+    return AutoModel.from_config(
+        config, attn_implementation=_resolve_attn_implementation(attn_implementation), add_pooling_layer=False
+    )
+
+
+class ContextualTransformer(InputModule):
+    """Two-stage contextual encoder (CDE, Morris & Rush, ICLR 2025) as a sentence-transformers input module.
+
+    Args:
+        first_stage: M1, a HF encoder (or its config dict). Embeds context documents.
+        second_stage: M2, a HF encoder (or its config dict). Embeds queries/documents with context prepended.
+        tokenizer: tokenizer shared by both stages.
+        context_size: J, the number of context slots (paper: 512). Any J >= 0 works; fewer given vectors are
+            padded with the learned null vector.
+        max_seq_length: token limit of second-stage inputs.
+        context_max_seq_length: token limit of first-stage (context) documents; defaults to ``max_seq_length``.
+        sequence_dropout: probability that a context slot is replaced by the null vector while training (0.005).
+        include_prompt: if False, prompt tokens are excluded from mean pooling.
+        first_stage_head: "mlp" (Linear-GELU-Linear, as released CDE models) or "none" (needs equal widths).
+        first_stage_residual: make the M1 head residual with a zero-initialised last layer (needs equal widths).
+        first_stage_norm: end the M1 head with a LayerNorm initialised from M2's embedding LayerNorm, so context
+            vectors live where M2's input embeddings live.
+        output_head: "none", "mlp" (Linear-ReLU-Linear, cde-small-v1) or "residual_mlp" (cde-small-v2 style,
+            zero-initialised so an untrained head is the identity).
+        query_prompt / document_prompt: task prefixes; context documents always get the document prompt.
+        attn_implementation: "sdpa", "eager", "flash_attention_2", or "auto" (flash-attention when installed on a
+            CUDA machine, else SDPA).
+
+    Example:
+        >>> from cde_st import ContextualSentenceTransformer
+        >>> model = ContextualSentenceTransformer.from_encoder("sentence-transformers/all-MiniLM-L6-v2", context_size=64)
+        >>> model.set_context(corpus_texts, seed=0)                       # doctest: +SKIP
+        >>> model.encode_query(["what causes rain?"]).shape               # doctest: +SKIP
+        (1, 384)
+    """
+
+    config_file_name = "cde_config.json"
+    config_keys = [
+        "context_size",
+        "max_seq_length",
+        "context_max_seq_length",
+        "sequence_dropout",
+        "include_prompt",
+        "first_stage_head",
+        "first_stage_residual",
+        "first_stage_norm",
+        "output_head",
+        "query_prompt",
+        "document_prompt",
+        "attn_implementation",
+    ]
+    forward_kwargs = {"dataset_embeddings"}
+
+    def __init__(
+        self,
+        first_stage: PreTrainedModel | dict,
+        second_stage: PreTrainedModel | dict,
+        tokenizer,
+        context_size: int = 512,
+        max_seq_length: int = 512,
+        context_max_seq_length: int | None = None,
+        sequence_dropout: float = 0.005,
+        include_prompt: bool = True,
+        first_stage_head: str = "mlp",
+        first_stage_residual: bool = True,
+        first_stage_norm: bool = True,
+        output_head: str = "residual_mlp",
+        query_prompt: str = DEFAULT_QUERY_PROMPT,
+        document_prompt: str = DEFAULT_DOCUMENT_PROMPT,
+        attn_implementation: str | None = "auto",
+    ) -> None:
+        super().__init__()
+        if context_size < 0:
+            raise ValueError(f"context_size must be >= 0, got {context_size}.")
+        if not 0.0 <= sequence_dropout < 1.0:
+            raise ValueError(f"sequence_dropout must be in [0, 1), got {sequence_dropout}.")
+        if first_stage_head not in ("mlp", "none"):
+            raise ValueError(f"first_stage_head must be 'mlp' or 'none', got {first_stage_head!r}.")
+        if output_head not in ("none", "mlp", "residual_mlp"):
+            raise ValueError(f"output_head must be 'none', 'mlp' or 'residual_mlp', got {output_head!r}.")
+        self.context_size = context_size
+        self.max_seq_length = max_seq_length
+        self.context_max_seq_length = context_max_seq_length or max_seq_length
+        self.sequence_dropout = sequence_dropout
+        self.include_prompt = include_prompt
+        self.first_stage_head = first_stage_head
+        self.first_stage_residual = first_stage_residual
+        self.first_stage_norm = first_stage_norm
+        self.output_head = output_head
+        self.query_prompt = query_prompt
+        self.document_prompt = document_prompt
+        self.attn_implementation = attn_implementation
+
+        self.tokenizer = tokenizer
+        self.first_stage = (
+            first_stage
+            if isinstance(first_stage, PreTrainedModel)
+            else _build_encoder(first_stage, attn_implementation)
+        )
+        self.second_stage = (
+            second_stage
+            if isinstance(second_stage, PreTrainedModel)
+            else _build_encoder(second_stage, attn_implementation)
+        )
+        self.first_adapter = get_adapter(self.first_stage.config.model_type)
+        self.second_adapter = get_adapter(self.second_stage.config.model_type)
+        d1, d2 = self.first_stage.config.hidden_size, self.second_stage.config.hidden_size
+
+        if first_stage_head == "mlp":
+            head = _Head(d1, d2, "gelu", residual=first_stage_residual and d1 == d2)
+        elif d1 != d2:
+            raise ValueError(f"first_stage_head='none' needs equal widths; M1 has {d1}, M2 has {d2}.")
+        else:
+            head = nn.Identity()
+        if first_stage_norm:
+            # Context rows replace token embeddings at M2's input: normalise them like M2's embedding layer does
+            # (initialised from it), so a model built from a pretrained encoder starts close to in-distribution.
+            norm = nn.LayerNorm(d2, eps=self.second_stage.config.layer_norm_eps)
+            source = self.second_adapter.input_norm(self.second_stage)
+            if source is not None:
+                norm.load_state_dict(source.state_dict())
+            head = nn.Sequential(head, norm)
+        self.context_head = head
+        # The null slot starts as M2's own [PAD] embedding, which pretrained encoders learn to attend past.
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        with torch.no_grad():
+            pad = self.second_adapter.embed_tokens(self.second_stage, torch.tensor([[pad_id]]), None)[0, 0]
+        self.null_vector = nn.Parameter(pad.detach().clone())
+        if output_head == "none":
+            self.head = nn.Identity()
+        else:
+            self.head = _Head(d2, d2, "relu", residual=output_head == "residual_mlp")
+
+        # The active context: (J', d2) first-stage vectors, J' <= context_size. Not a parameter and not in the
+        # weights file (its size varies); saved beside it as context.safetensors.
+        self.register_buffer("context_vectors", None, persistent=False)
+        self.context_info: ContextInfo | None = None
+        self._warned_null_context = False
+        self._prompt_length_cache: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_encoder(cls, name_or_path: str, **config) -> ContextualTransformer:
+        """Build M1 and M2 from the same pretrained encoder (a HF model id/folder or a sentence-transformers folder).
+
+        Weights are copied into two independent encoders (not shared), as in the paper. For a
+        sentence-transformers folder the Transformer module's subfolder and ``max_seq_length`` are used.
+        """
+        model_dir, st_max_len = _resolve_encoder_dir(name_or_path)
+        attn = _resolve_attn_implementation(config.get("attn_implementation", "auto"))
+        verbosity = transformers_logging.get_verbosity()
+        transformers_logging.set_verbosity_error()  # the dropped pooler is expected, not worth a load report
+        try:
+            first = AutoModel.from_pretrained(model_dir, attn_implementation=attn, add_pooling_layer=False)
+            second = AutoModel.from_pretrained(model_dir, attn_implementation=attn, add_pooling_layer=False)
+        finally:
+            transformers_logging.set_verbosity(verbosity)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if "max_seq_length" not in config:
+            model_max = getattr(tokenizer, "model_max_length", 512) or 512
+            config["max_seq_length"] = int(min(st_max_len or model_max, model_max, 512))
+        return cls(first, second, tokenizer, **config)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def device(self) -> torch.device:
+        return self.null_vector.device
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the context vectors and of the output embedding."""
+        return self.second_stage.config.hidden_size
+
+    def get_embedding_dimension(self) -> int:
+        return self.hidden_size
+
+    # ------------------------------------------------------------------ tokenisation
+    def _tokenize(self, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+        return dict(
+            self.tokenizer(texts, padding=True, truncation="longest_first", max_length=max_length, return_tensors="pt")
+        )
+
+    def preprocess(self, inputs: Sequence[str], prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor | Any]:
+        """Tokenise second-stage inputs (with ``prompt`` prepended); records ``prompt_length`` for pooling."""
+        texts = validate_texts(inputs, what="input")
+        if prompt:
+            texts = [prompt + t for t in texts]
+        features = self._tokenize(texts, self.max_seq_length)
+        if prompt:
+            features["prompt_length"] = self._prompt_length(prompt)
+        return features
+
+    def preprocess_context(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Tokenise first-stage (context) documents. Prompts must already be applied."""
+        return self._tokenize(list(texts), self.context_max_seq_length)
+
+    def _prompt_length(self, prompt: str) -> int:
+        if prompt not in self._prompt_length_cache:
+            ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            # [CLS] prompt [SEP]: the trailing special token is not part of the prompt.
+            n = len(ids) - (1 if ids and ids[-1] in self.tokenizer.all_special_ids else 0)
+            self._prompt_length_cache[prompt] = n
+        return self._prompt_length_cache[prompt]
+
+    # ------------------------------------------------------------------ first stage
+    def embed_context_features(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        """First stage on tokenised documents: (n, L) ids -> (n, d2) context vectors. Differentiable."""
+        hidden = self.first_stage(
+            input_ids=features["input_ids"],
+            attention_mask=features["attention_mask"],
+            token_type_ids=features.get("token_type_ids"),
+        ).last_hidden_state
+        return self.context_head(_mean_pool(hidden, features["attention_mask"]))
+
+    @torch.inference_mode()
+    def embed_context_texts(
+        self, texts: Sequence[str], batch_size: int = 32, show_progress_bar: bool | None = None
+    ) -> torch.Tensor:
+        """First stage on raw (already prompted) texts, batched, without grad: -> (n, d2)."""
+        texts = list(texts)
+        was_training = self.training
+        self.eval()
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        chunks = []
+        starts = range(0, len(texts), batch_size)
+        for start in tqdm(starts, desc="Context (first stage)", disable=not show_progress_bar):
+            batch = [texts[i] for i in order[start : start + batch_size]]
+            features = {k: v.to(self.device) for k, v in self.preprocess_context(batch).items()}
+            chunks.append(self.embed_context_features(features).float())
+        self.train(was_training)
+        if not chunks:
+            return torch.zeros(0, self.hidden_size, device=self.device)
+        vectors = torch.cat(chunks)
+        return vectors[torch.as_tensor(np.argsort(order), device=vectors.device)]
+
+    # ------------------------------------------------------------------ the context hook
+    def embed_context(
+        self,
+        corpus: Sequence[str],
+        seed: int = 0,
+        prompt: str | None = None,
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+    ) -> tuple[torch.Tensor, ContextInfo]:
+        """Sample J documents of ``corpus`` (seeded), prefix them, and embed them with the first stage."""
+        corpus = validate_texts(corpus)
+        prompt = self.document_prompt if prompt is None else prompt
+        sampled = [prompt + t for t in sample_context(corpus, self.context_size, seed)]
+        vectors = self.embed_context_texts(sampled, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        info = ContextInfo(
+            size=len(sampled),
+            seed=seed,
+            fingerprint=fingerprint_texts(sampled),
+            source="texts",
+            prompt=prompt,
+            corpus_size=len(corpus),
+        )
+        return vectors, info
+
+    def set_context(
+        self,
+        context: Sequence[str] | torch.Tensor | np.ndarray,
+        seed: int = 0,
+        prompt: str | None = None,
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+    ) -> ContextInfo:
+        """Make ``context`` the active context: corpus texts (sampled, prefixed, embedded once) or precomputed
+        first-stage vectors of shape (n, hidden_size) with n <= context_size. Returns the :class:`ContextInfo`."""
+        if isinstance(context, (torch.Tensor, np.ndarray)):
+            vectors = self.validate_context_vectors(context)
+            info = ContextInfo(
+                size=len(vectors), seed=None, fingerprint=fingerprint_array(vectors.cpu().numpy()), source="vectors"
+            )
+        else:
+            vectors, info = self.embed_context(
+                context, seed=seed, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar
+            )
+        self.context_vectors = vectors.detach().to(self.device)
+        self.context_info = info
+        return info
+
+    def clear_context(self) -> None:
+        """Forget the active context: encoding falls back to the null context (with a warning)."""
+        self.context_vectors = None
+        self.context_info = None
+        self._warned_null_context = False
+
+    def validate_context_vectors(self, vectors: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Check precomputed first-stage vectors: 2-D, width hidden_size, at most context_size rows, finite."""
+        if isinstance(vectors, np.ndarray):
+            vectors = torch.from_numpy(vectors)
+        if not isinstance(vectors, torch.Tensor):
+            raise TypeError(f"Context vectors must be a torch.Tensor or numpy array, got {type(vectors).__name__}.")
+        if vectors.ndim != 2 or vectors.shape[1] != self.hidden_size:
+            raise ValueError(
+                f"Context vectors must have shape (n, {self.hidden_size}) (first-stage output width); "
+                f"got {tuple(vectors.shape)}."
+            )
+        if vectors.shape[0] > self.context_size:
+            raise ValueError(
+                f"Got {vectors.shape[0]} context vectors but the model has context_size={self.context_size}; "
+                "sample at most that many documents (set_context(texts) samples for you)."
+            )
+        if not torch.isfinite(vectors).all():
+            raise ValueError("Context vectors contain NaN or infinite values.")
+        return vectors.float()
+
+    def _context_slots(self, dataset_embeddings: torch.Tensor | np.ndarray | None, dtype) -> torch.Tensor:
+        """The (J, d2) context the second stage sees: given/active vectors, null-padded, with sequence dropout."""
+        if dataset_embeddings is not None:
+            if isinstance(dataset_embeddings, np.ndarray) or not dataset_embeddings.requires_grad:
+                dataset_embeddings = self.validate_context_vectors(dataset_embeddings)
+            vectors = dataset_embeddings.to(device=self.device, dtype=dtype)
+        elif self.context_vectors is not None:
+            vectors = self.context_vectors.to(dtype)
+        else:
+            if self.context_size > 0 and not self._warned_null_context and not self.training:
+                warnings.warn(
+                    "No context is set: encoding with the null context (the model then acts as a plain bi-encoder). "
+                    "Call model.set_context(corpus_texts) first, or pass dataset_embeddings=.",
+                    UserWarning,
+                    stacklevel=4,
+                )
+                self._warned_null_context = True
+            vectors = self.null_vector.new_zeros(0, self.hidden_size).to(dtype)
+        n_missing = self.context_size - vectors.shape[0]
+        if n_missing > 0:
+            vectors = torch.cat([vectors, self.null_vector.to(dtype).expand(n_missing, -1)])
+        if self.training and self.sequence_dropout > 0 and self.context_size > 0:
+            drop = torch.rand(vectors.shape[0], device=vectors.device) < self.sequence_dropout
+            vectors = torch.where(drop.unsqueeze(-1), self.null_vector.to(dtype).expand_as(vectors), vectors)
+        return vectors
+
+    # ------------------------------------------------------------------ second stage
+    def forward(
+        self, features: dict[str, torch.Tensor], dataset_embeddings: torch.Tensor | None = None, **kwargs
+    ) -> dict[str, torch.Tensor]:
+        """Second stage: (B, L) ids + (J, d2) context -> ``sentence_embedding`` (B, d2), ``token_embeddings``
+        (B, L, d2) of the text positions only."""
+        input_ids, attention_mask = features["input_ids"], features["attention_mask"]
+        text = self.second_adapter.embed_tokens(self.second_stage, input_ids, features.get("token_type_ids"))
+        context = self._context_slots(dataset_embeddings, text.dtype)  # (J, d2)
+        batch, num_ctx = input_ids.shape[0], context.shape[0]
+        hidden = torch.cat([context.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, J + L, d2)
+        joint_mask = torch.cat([attention_mask.new_ones(batch, num_ctx), attention_mask], dim=1)
+        out = self.second_adapter.encode(self.second_stage, hidden, joint_mask, num_ctx)[:, num_ctx:]
+
+        pool_mask = attention_mask
+        prompt_length = features.get("prompt_length")
+        if not self.include_prompt and prompt_length is not None:
+            pl = int(prompt_length[0]) if isinstance(prompt_length, torch.Tensor) else int(prompt_length)
+            pool_mask = attention_mask.clone()
+            pool_mask[:, :pl] = 0
+        features["token_embeddings"] = out
+        features["sentence_embedding"] = self.head(_mean_pool(out, pool_mask))
+        return features
+
+    # ------------------------------------------------------------------ persistence
+    def get_config_dict(self) -> dict[str, Any]:
+        config = super().get_config_dict()
+        config["first_stage_config"] = self.first_stage.config.to_diff_dict() | {
+            "model_type": self.first_stage.config.model_type
+        }
+        config["second_stage_config"] = self.second_stage.config.to_diff_dict() | {
+            "model_type": self.second_stage.config.model_type
+        }
+        config["context_info"] = self.context_info.to_dict() if self.context_info is not None else None
+        return config
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        os.makedirs(output_path, exist_ok=True)
+        self.save_config(output_path)
+        self.save_torch_weights(output_path, safe_serialization=safe_serialization)
+        self.save_tokenizer(output_path)
+        context_path = os.path.join(output_path, CONTEXT_FILE)
+        if self.context_vectors is not None:
+            save_file({"vectors": self.context_vectors.detach().float().cpu().contiguous()}, context_path)
+        elif os.path.exists(context_path):
+            os.remove(context_path)
+
+    @classmethod
+    def load(
+        cls,
+        model_name_or_path: str,
+        subfolder: str = "",
+        token: bool | str | None = None,
+        cache_folder: str | None = None,
+        revision: str | None = None,
+        local_files_only: bool = False,
+        **kwargs,
+    ) -> ContextualTransformer:
+        hub = dict(
+            subfolder=subfolder,
+            token=token,
+            cache_folder=cache_folder,
+            revision=revision,
+            local_files_only=local_files_only,
+        )
+        config = cls.load_config(model_name_or_path, **hub)
+        if not config:
+            raise FileNotFoundError(f"No {cls.config_file_name} in {model_name_or_path!r}: not a cde_st model.")
+        context_info = config.pop("context_info", None)
+        first, second = config.pop("first_stage_config"), config.pop("second_stage_config")
+        tokenizer = AutoTokenizer.from_pretrained(cls.load_dir_path(model_name_or_path, **hub))
+        module = cls(first, second, tokenizer, **config)
+        cls.load_torch_weights(model_name_or_path, model=module, **hub)
+        context_path = load_file_path(model_name_or_path, CONTEXT_FILE, **hub)
+        if context_info is not None and context_path is not None:
+            module.context_vectors = load_file(context_path)["vectors"]
+            module.context_info = ContextInfo(**context_info)
+        return module
+
+
+def _resolve_encoder_dir(name_or_path: str) -> tuple[str, int | None]:
+    """HF folder (or hub id) of the transformer inside ``name_or_path`` and its sentence-transformers max length."""
+    if not os.path.isdir(name_or_path):
+        if os.path.isabs(name_or_path) or name_or_path.startswith((".", "~")):
+            raise FileNotFoundError(f"Encoder folder {name_or_path!r} does not exist.")
+        return name_or_path, None  # a hub id: transformers resolves (and, online, downloads) it
+    modules_path = os.path.join(name_or_path, "modules.json")
+    if not os.path.exists(modules_path):
+        return name_or_path, None
+    with open(modules_path, encoding="utf-8") as f:
+        modules = json.load(f)
+    transformer = next((m for m in modules if m["type"].endswith("Transformer")), None)
+    if transformer is None:
+        raise ValueError(f"{name_or_path!r} is a sentence-transformers model without a Transformer module.")
+    model_dir = os.path.join(name_or_path, transformer["path"]) if transformer["path"] else name_or_path
+    max_len = None
+    cfg_path = os.path.join(model_dir, "sentence_bert_config.json")
+    if os.path.exists(cfg_path):
+        with open(cfg_path, encoding="utf-8") as f:
+            max_len = json.load(f).get("max_seq_length")
+    return model_dir, max_len
+
+
+# A stable class reference in modules.json, independent of the file layout.
+ContextualTransformer.__module__ = "cde_st"

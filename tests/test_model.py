@@ -1,0 +1,252 @@
+"""ContextualSentenceTransformer / ContextualTransformer: the properties DESIGN.md section 2 pins."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+
+import cde_st
+from cde_st import ContextualSentenceTransformer
+
+DOCS = [
+    "The cat sat on the mat.",
+    "Rain forms when water vapour condenses into droplets.",
+    "Stocks fell sharply on Monday after the announcement.",
+    "Proteins fold into three-dimensional shapes that determine their function in the cell.",
+    "A short one.",
+    "Glaciers are retreating in most mountain ranges of the world.",
+    "The court ruled in favour of the plaintiff.",
+    "Neural networks learn representations from data.",
+    "Coffee contains caffeine.",
+    "The orchestra played Beethoven's ninth symphony to a full hall.",
+]
+
+
+def _vectors(model, n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, model.contextual_module.hidden_size, generator=g)
+
+
+def test_context_permutation_invariance(make_tiny_cde):
+    model = make_tiny_cde(context_size=8)
+    ctx = _vectors(model, 8)
+    a = model.encode_document(DOCS, dataset_embeddings=ctx)
+    b = model.encode_document(DOCS, dataset_embeddings=ctx[torch.randperm(8)])
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_different_contexts_give_different_embeddings(make_tiny_cde):
+    model = make_tiny_cde(context_size=8)
+    a = model.encode_document(DOCS, dataset_embeddings=_vectors(model, 8, seed=0))
+    b = model.encode_document(DOCS, dataset_embeddings=_vectors(model, 8, seed=1))
+    assert np.abs(a - b).max() > 1e-3
+    model.set_context(DOCS[:5], seed=0)
+    c = model.encode_document(DOCS)
+    model.set_context(DOCS[5:], seed=0)
+    d = model.encode_document(DOCS)
+    # a random tiny first stage maps texts to nearby vectors: the change is small but far above fp noise
+    assert np.abs(c - d).max() > 1e-4
+
+
+def test_embedding_independent_of_batch_mates_and_padding(make_tiny_cde):
+    model = make_tiny_cde(context_size=8)
+    model.set_context(DOCS, seed=0)
+    alone = np.stack([model.encode_document([d])[0] for d in DOCS])
+    batched = model.encode_document(DOCS, batch_size=len(DOCS))
+    mixed = model.encode_document(DOCS[::-1], batch_size=3)[::-1]
+    np.testing.assert_allclose(alone, batched, atol=1e-5)
+    np.testing.assert_allclose(alone, mixed, atol=1e-5)
+
+
+def test_save_load_identical(make_tiny_cde, tmp_path):
+    model = make_tiny_cde(context_size=8)
+    model.set_context(DOCS, seed=3)
+    expected_q = model.encode_query(DOCS[:3])
+    expected_d = model.encode_document(DOCS)
+    model.save(str(tmp_path / "cde"))
+
+    loaded = ContextualSentenceTransformer(str(tmp_path / "cde"))
+    assert loaded.context_info == model.context_info
+    np.testing.assert_array_equal(loaded.encode_query(DOCS[:3]), expected_q)
+    np.testing.assert_array_equal(loaded.encode_document(DOCS), expected_d)
+
+    # The plain SentenceTransformer path needs the plugin's class, hence trust_remote_code.
+    plain = SentenceTransformer(str(tmp_path / "cde"), trust_remote_code=True)
+    np.testing.assert_array_equal(plain.encode_document(DOCS), expected_d)
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        SentenceTransformer(str(tmp_path / "cde"))
+
+
+def test_hook_on_plain_sentence_transformer(make_tiny_cde, tmp_path):
+    model = make_tiny_cde(context_size=8)
+    model.save(str(tmp_path / "cde"))
+    model.set_context(DOCS, seed=1)
+    expected = model.encode_document(DOCS)
+
+    plain = SentenceTransformer(str(tmp_path / "cde"), trust_remote_code=True)
+    assert cde_st.is_contextual(plain)
+    info = cde_st.set_context(plain, DOCS, seed=1)
+    assert info.fingerprint == model.context_info.fingerprint
+    np.testing.assert_allclose(plain.encode_document(DOCS), expected, atol=1e-6)
+    plain[0].clear_context()
+    plain[0].set_context(DOCS, seed=1)
+    np.testing.assert_allclose(plain.encode_document(DOCS), expected, atol=1e-6)
+
+
+def test_clear_context_falls_back_to_null_and_warns_once(make_tiny_cde):
+    model = make_tiny_cde(context_size=8)
+    with pytest.warns(UserWarning, match="No context is set"):
+        null = model.encode_document(DOCS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.encode_document(DOCS)  # only once
+    model.set_context(DOCS, seed=0)
+    assert model.context_info.size == 8
+    model.clear_context()
+    assert model.context_info is None
+    with pytest.warns(UserWarning):
+        again = model.encode_document(DOCS)
+    np.testing.assert_allclose(null, again, atol=1e-6)
+
+
+def test_pooling_ignores_context_tokens(make_tiny_cde):
+    model = make_tiny_cde(context_size=8, output_head="none")
+    module = model.contextual_module
+    features = module.preprocess(DOCS[:4])
+    with torch.inference_mode():
+        out = module(dict(features), dataset_embeddings=_vectors(model, 8))
+    tokens, mask = out["token_embeddings"], features["attention_mask"]
+    assert tokens.shape[:2] == features["input_ids"].shape  # context rows are dropped before pooling
+    manual = (tokens * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
+    torch.testing.assert_close(out["sentence_embedding"], manual, atol=1e-6, rtol=1e-5)
+
+
+def test_include_prompt_false_excludes_prompt_tokens(make_tiny_cde):
+    model = make_tiny_cde(context_size=4, output_head="none", include_prompt=False)
+    module = model.contextual_module
+    features = module.preprocess(DOCS[:2], prompt="search_document: ")
+    pl = features["prompt_length"]
+    assert pl == len(module.tokenizer("search_document: ")["input_ids"]) - 1
+    with torch.inference_mode():
+        out = module(dict(features), dataset_embeddings=_vectors(model, 4))
+    mask = features["attention_mask"].clone()
+    mask[:, :pl] = 0
+    manual = (out["token_embeddings"] * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
+    torch.testing.assert_close(out["sentence_embedding"], manual, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("context_size", [0, 1, 7, 512])
+def test_context_sizes(make_tiny_cde, context_size):
+    model = make_tiny_cde(context_size=context_size)
+    info = model.set_context(DOCS, seed=0)
+    assert info.size == context_size
+    emb = model.encode_document(DOCS[:3])
+    assert emb.shape == (3, 32) and np.isfinite(emb).all()
+    if context_size == 512:  # 10 documents tiled to 512, each 51 or 52 times
+        assert model.contextual_module.context_vectors.shape == (512, 32)
+    if context_size >= 7:  # fewer vectors than slots: null-padded, identical to explicit null rows
+        module = model.contextual_module
+        few = _vectors(model, 3)
+        padded = torch.cat([few, module.null_vector.detach().expand(context_size - 3, -1)])
+        np.testing.assert_allclose(
+            model.encode_document(DOCS[:3], dataset_embeddings=few),
+            model.encode_document(DOCS[:3], dataset_embeddings=padded),
+            atol=1e-6,
+        )
+
+
+def test_zero_context_never_warns(make_tiny_cde):
+    model = make_tiny_cde(context_size=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.encode_document(DOCS[:2])
+
+
+def test_set_context_sampling_is_seeded_and_without_replacement(make_tiny_cde):
+    model = make_tiny_cde(context_size=4)
+    a = model.set_context(DOCS, seed=0).fingerprint
+    b = model.set_context(DOCS, seed=0).fingerprint
+    c = model.set_context(DOCS, seed=1).fingerprint
+    assert a == b != c
+    sampled = cde_st.sample_context(DOCS, 4, seed=0)
+    assert len(set(sampled)) == 4
+    assert sorted(cde_st.sample_context(DOCS[:3], 7, seed=0)).count(DOCS[0]) in (2, 3)
+    # the document prompt is part of what is embedded
+    assert model.set_context(DOCS, seed=0, prompt="").fingerprint != a
+
+
+def test_dataset_embeddings_override_matches_set_context(make_tiny_cde):
+    model = make_tiny_cde(context_size=8)
+    vectors = model.embed_context(DOCS, seed=2)
+    assert vectors.shape == (8, 32)
+    model.set_context(DOCS, seed=2)
+    active = model.encode_document(DOCS)
+    model.set_context(DOCS[:2], seed=0)  # a different active context is overridden per call
+    np.testing.assert_allclose(model.encode_document(DOCS, dataset_embeddings=vectors), active, atol=1e-6)
+    model.set_context(vectors)
+    assert model.context_info.source == "vectors"
+    np.testing.assert_allclose(model.encode_document(DOCS), active, atol=1e-6)
+
+
+def test_sequence_dropout_only_in_training(make_tiny_cde):
+    model = make_tiny_cde(context_size=8, sequence_dropout=0.999)
+    module = model.contextual_module
+    ctx = _vectors(model, 8)
+    features = module.preprocess(DOCS[:2])
+    with torch.no_grad():
+        evald = module(dict(features), dataset_embeddings=ctx)["sentence_embedding"]
+        null = module(dict(features), dataset_embeddings=module.null_vector.expand(8, -1))["sentence_embedding"]
+        module.train()
+        torch.manual_seed(0)
+        dropped = module(dict(features), dataset_embeddings=ctx)["sentence_embedding"]
+        module.eval()
+    torch.testing.assert_close(dropped, null, atol=1e-5, rtol=1e-5)
+    assert (evald - null).abs().max() > 1e-3
+
+
+def test_bad_inputs_raise_clear_errors(make_tiny_cde):
+    model = make_tiny_cde(context_size=4)
+    with pytest.raises(ValueError, match="empty"):
+        model.set_context([])
+    with pytest.raises(TypeError, match="only strings"):
+        model.set_context(["ok", 3])
+    with pytest.raises(TypeError, match="single string"):
+        model.set_context("a corpus as one string")
+    with pytest.raises(ValueError, match=r"shape \(n, 32\)"):
+        model.set_context(torch.zeros(4, 16))
+    with pytest.raises(ValueError, match=r"shape \(n, 32\)"):
+        model.encode_document(DOCS, dataset_embeddings=torch.zeros(32))
+    with pytest.raises(ValueError, match="NaN"):
+        model.set_context(torch.full((4, 32), float("nan")))
+    with pytest.raises(ValueError, match="context_size=4"):
+        model.set_context(np.zeros((5, 32), dtype=np.float32))
+    with pytest.raises(ValueError, match="ContextualTransformer as first module"):
+        ContextualSentenceTransformer(modules=[torch.nn.Identity()])
+    with pytest.raises(FileNotFoundError):
+        ContextualSentenceTransformer.from_encoder("/nonexistent/encoder")
+
+
+@pytest.mark.slow
+def test_minilm_with_empty_context_equals_plain_minilm(minilm):
+    """J = 0, no prompts, identity output head: the contextual model is exactly the pretrained bi-encoder."""
+    base = SentenceTransformer(minilm)
+    model = ContextualSentenceTransformer.from_encoder(minilm, context_size=0, prompts={})
+    assert model.max_seq_length == base.max_seq_length == 256
+    expected = base.encode(DOCS)
+    got = model.encode_document(DOCS, normalize_embeddings=True)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_minilm_contextual_retrieval_sanity(minilm):
+    """Untrained (context head initialised in M2's input space), a MiniLM-based CDE still ranks sensibly."""
+    model = ContextualSentenceTransformer.from_encoder(minilm, context_size=16, prompts={})
+    model.set_context(DOCS, seed=0)
+    q = model.encode_query(["why does it rain?", "which drink keeps you awake?"])
+    d = model.encode_document(DOCS)
+    top = model.similarity(q, d).argmax(1).tolist()
+    assert top == [1, 8]
