@@ -42,25 +42,9 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory, minilm) -> str:
     """A tiny randomly initialised BERT (hidden 32, 2 layers) saved with MiniLM's tokenizer: a HF model folder."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    from cde_st.training import build_tiny_encoder
 
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(minilm)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    path = tmp_path_factory.mktemp("tiny_bert")
-    BertModel(config, add_pooling_layer=False).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return build_tiny_encoder(tmp_path_factory.mktemp("tiny_bert"))
 
 
 @pytest.fixture

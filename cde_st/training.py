@@ -1,0 +1,495 @@
+"""Training recipe: one config, presets, data loading and the SentenceTransformerTrainer wiring.
+
+``train/train_cde.py`` and the ``cde-st-train`` command are thin over :func:`train`. The same function trains a
+contextual model, or a plain bi-encoder baseline (``model: biencoder``) with identical data, batching and loss.
+
+    cfg = TrainConfig.from_preset("mini", output_dir="runs/mini-cde")
+    model = train(cfg)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SHARED_PAIRS = Path(__file__).resolve().parents[2] / "shared" / "data" / "pairs"
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a training run. Defaults are the paper's where the paper has one."""
+
+    # ---- model
+    model: str = "contextual"  # "contextual", "biencoder", or "continue" (from init_from)
+    base_model: str = "minilm"  # HF id / folder / sentence-transformers folder; "minilm" (offline), "tiny" (random)
+    init_from: str | None = None  # a saved cde_st or sentence-transformers model to continue from
+    context_size: int = 512
+    max_seq_length: int = 512
+    model_config: dict[str, Any] = field(default_factory=dict)  # extra ContextualTransformer fields
+    query_prompt: str | None = None  # None: "search_query: " for contextual models, "" for bi-encoders
+    document_prompt: str | None = None  # None: "search_document: " for contextual models, "" for bi-encoders
+    # ---- data
+    train_data: list[str] = field(default_factory=lambda: [str(SHARED_PAIRS)])
+    exclude_domains: list[str] = field(default_factory=list)
+    max_pairs: int | None = None
+    domain_prompts: dict[str, dict[str, str]] = field(default_factory=dict)  # {domain: {"query":..,"document":..}}
+    # ---- batching
+    batching: str = "clustered"  # "clustered" (contextual batches) or "random"
+    cluster_size: int | None = None  # None: the batch size (paper)
+    surrogate: str | None = None  # clustering model; None: offline all-MiniLM-L6-v2
+    # ---- loss
+    filter_false_negatives: bool = True
+    guide: str | None = None  # filtering model; None: offline all-MiniLM-L6-v2
+    temperature: float = 0.02
+    margin: float = 0.0
+    bidirectional: bool = False
+    mini_batch_size: int | None = None  # gradient caching (second stage)
+    context_mini_batch_size: int | None = None  # gradient caching (first stage)
+    # ---- optimisation
+    batch_size: int = 512
+    learning_rate: float = 2e-5
+    warmup_steps: int = 1000
+    num_train_epochs: float = 1.0
+    max_steps: int = -1
+    weight_decay: float = 0.01
+    bf16: bool | str = "auto"  # "auto": on for CUDA devices that support it
+    seed: int = 42
+    # ---- evaluation, checkpoints, logging
+    eval_folder: str | None = None  # a BEIR folder scored with context during training
+    eval_split: str = "test"
+    eval_steps: int | None = None  # None: only at the end
+    eval_max_corpus: int | None = None
+    output_dir: str = "runs/cde"
+    save_steps: int = 500
+    save_total_limit: int = 2
+    logging_steps: int = 10
+    dataloader_num_workers: int = 0
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> TrainConfig:
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; choose from {sorted(PRESETS)}.")
+        return cls.from_dict({**PRESETS[name], **overrides})
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"Unknown training config keys: {unknown}. Known keys: {sorted(known)}.")
+        return cls(**values)
+
+    @staticmethod
+    def read_file(path: str | os.PathLike) -> dict[str, Any]:
+        """The fields of a YAML or JSON config file (a ``preset:`` key names the preset to start from)."""
+        import yaml
+
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"Training config {path} does not exist.")
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f) if str(path).endswith(".json") else yaml.safe_load(f)
+        if values is not None and not isinstance(values, dict):
+            raise ValueError(f"{path}: expected a mapping of config fields, got {type(values).__name__}.")
+        return values or {}
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, **overrides: Any) -> TrainConfig:
+        """Load a YAML or JSON config; a ``preset:`` key starts from that preset; ``overrides`` win."""
+        values = {**cls.read_file(path), **overrides}
+        preset = values.pop("preset", None)
+        return cls.from_preset(preset, **values) if preset else cls.from_dict(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Seconds on a CPU: a tiny random BERT and a few generated pairs. Used by the tests and CI.
+    "tiny": dict(
+        base_model="tiny",
+        context_size=8,
+        max_seq_length=32,
+        train_data=["builtin:tiny"],
+        batch_size=8,
+        cluster_size=8,
+        max_steps=4,
+        warmup_steps=0,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_steps=2,
+        output_dir="runs/tiny",
+    ),
+    # The paper's small ablation setting on the shared 31k pairs, sized for a 2-core CPU (< 1 hour):
+    # 6-layer MiniLM, length 64, 64 context documents, batch = cluster = 64, one epoch.
+    "mini": dict(
+        base_model="minilm",
+        context_size=64,
+        max_seq_length=64,
+        train_data=[str(SHARED_PAIRS)],
+        exclude_domains=["scifact_train"],
+        batch_size=64,
+        cluster_size=64,
+        learning_rate=5e-5,
+        warmup_steps=50,
+        num_train_epochs=1.0,
+        save_steps=200,
+        logging_steps=20,
+        output_dir="runs/mini",
+    ),
+    # The paper's main setting (8 GPUs): batch = cluster = 512, J = 512, length 512, lr 2e-5, 1000 warm-up steps,
+    # gradient caching to fit the batch. The paper's surrogates were GTR-base (clustering) and nomic-embed-v1
+    # (filtering); set `surrogate` / `guide` to use them.
+    "paper": dict(
+        base_model="bert-base-uncased",
+        context_size=512,
+        max_seq_length=512,
+        batch_size=512,
+        cluster_size=512,
+        learning_rate=2e-5,
+        warmup_steps=1000,
+        mini_batch_size=64,
+        context_mini_batch_size=64,
+        bf16="auto",
+        save_steps=1000,
+        output_dir="runs/paper",
+    ),
+}
+
+
+# ----------------------------------------------------------------------------------------------------- models
+def build_tiny_encoder(path: str | os.PathLike, hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -> str:
+    """Save a tiny randomly initialised BERT with all-MiniLM-L6-v2's tokenizer to ``path`` (for tests/CI)."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from cde_st._defaults import default_surrogate_model_path
+
+    path = str(path)
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(default_surrogate_model_path())
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden_size,
+        max_position_embeddings=512,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    BertModel(config, add_pooling_layer=False).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _base_model_path(cfg: TrainConfig) -> str:
+    from cde_st._defaults import default_surrogate_model_path
+
+    if cfg.base_model == "minilm":
+        return default_surrogate_model_path()
+    if cfg.base_model == "tiny":
+        return build_tiny_encoder(os.path.join(cfg.output_dir, "_tiny_base"), seed=cfg.seed)
+    return cfg.base_model
+
+
+def resolved_prompts(cfg: TrainConfig) -> dict[str, str]:
+    contextual = cfg.model == "contextual" or (cfg.model == "continue" and _is_cde_folder(cfg.init_from))
+    query = cfg.query_prompt if cfg.query_prompt is not None else ("search_query: " if contextual else "")
+    document = cfg.document_prompt if cfg.document_prompt is not None else ("search_document: " if contextual else "")
+    return {"query": query, "document": document}
+
+
+def _is_cde_folder(path: str | None) -> bool:
+    return bool(path) and os.path.exists(os.path.join(path, "cde_config.json"))
+
+
+def build_model(cfg: TrainConfig):
+    """A new contextual model, a plain bi-encoder, or a saved model to continue from."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from cde_st import ContextualSentenceTransformer
+
+    prompts = resolved_prompts(cfg)
+    if cfg.model == "continue":
+        if not cfg.init_from or not os.path.exists(cfg.init_from):
+            raise FileNotFoundError(f"model=continue needs an existing init_from folder, got {cfg.init_from!r}.")
+        if _is_cde_folder(cfg.init_from):
+            return ContextualSentenceTransformer(cfg.init_from)
+        return SentenceTransformer(cfg.init_from)
+    path = _base_model_path(cfg)
+    if cfg.model == "contextual":
+        return ContextualSentenceTransformer.from_encoder(
+            path,
+            context_size=cfg.context_size,
+            max_seq_length=cfg.max_seq_length,
+            query_prompt=prompts["query"],
+            document_prompt=prompts["document"],
+            **cfg.model_config,
+        )
+    if cfg.model == "biencoder":
+        if os.path.exists(os.path.join(path, "modules.json")):
+            model = SentenceTransformer(path)
+        else:
+            transformer = Transformer(path, max_seq_length=cfg.max_seq_length)
+            model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+        model.max_seq_length = cfg.max_seq_length
+        model.prompts = {**model.prompts, **prompts}
+        return model
+    raise ValueError(f"model must be 'contextual', 'biencoder' or 'continue', got {cfg.model!r}.")
+
+
+# ------------------------------------------------------------------------------------------------------- data
+def _tiny_pairs() -> list[dict[str, str]]:
+    topics = ["rain", "stocks", "proteins", "glaciers", "courts", "coffee", "music", "networks"]
+    rows = []
+    for i in range(64):
+        topic = topics[i % len(topics)]
+        rows.append(
+            {
+                "query": f"question {i} about {topic}",
+                "document": f"a passage number {i} explaining {topic} in some detail",
+                "domain": "even" if i % 2 == 0 else "odd",
+            }
+        )
+    return rows
+
+
+def _jsonl_files(source: str) -> list[str]:
+    if os.path.isdir(source):
+        files = sorted(glob.glob(os.path.join(source, "*.jsonl")) + glob.glob(os.path.join(source, "*.jsonl.gz")))
+        if not files:
+            raise FileNotFoundError(f"No *.jsonl or *.jsonl.gz files in {source}.")
+        return files
+    if not os.path.exists(source):
+        raise FileNotFoundError(f"Training data {source!r} does not exist.")
+    return [source]
+
+
+def _domain_of(path: str) -> str:
+    name = os.path.basename(path)
+    for suffix in (".gz", ".jsonl", ".json"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _load_jsonl_pairs(path: str):
+    from datasets import load_dataset
+
+    ds = load_dataset("json", data_files=path, split="train")
+    missing = {"query", "document"} - set(ds.column_names)
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {sorted(missing)}; expected query, document[, domain].")
+    if "domain" not in ds.column_names:
+        ds = ds.add_column("domain", [_domain_of(path)] * len(ds))
+    return ds.select_columns(["query", "document", "domain"])
+
+
+def _load_beir_pairs(folder: str, split: str = "train"):
+    """(query, positive document) pairs from a BEIR folder's qrels (score > 0)."""
+    from datasets import Dataset
+
+    from cde_st.evaluation.local_tasks import load_retrieval_split
+
+    data = load_retrieval_split(folder, split)
+    docs = {
+        i: (t + " " + x).strip()
+        for i, t, x in zip(data["corpus"]["id"], data["corpus"]["title"], data["corpus"]["text"])
+    }
+    queries = dict(zip(data["queries"]["id"], data["queries"]["text"]))
+    rows = [
+        (queries[q], docs[d])
+        for q, rel in data["relevant_docs"].items()
+        for d, score in rel.items()
+        if score > 0 and q in queries and d in docs
+    ]
+    name = Path(folder).name + f"_{split}"
+    return Dataset.from_dict(
+        {"query": [r[0] for r in rows], "document": [r[1] for r in rows], "domain": [name] * len(rows)}
+    )
+
+
+def _load_hub_pairs(spec: str):
+    from datasets import load_dataset
+
+    name, _, config = spec.partition(":")
+    ds = load_dataset(name, config or None, split="train")
+    text_columns = [c for c, f in ds.features.items() if getattr(f, "dtype", None) == "string"]
+    if len(text_columns) < 2:
+        raise ValueError(f"Hub dataset {spec!r} has fewer than two text columns: {list(ds.features)}.")
+    ds = ds.select_columns(text_columns[:2]).rename_columns({text_columns[0]: "query", text_columns[1]: "document"})
+    return ds.add_column("domain", [name] * len(ds))
+
+
+def load_pairs(cfg: TrainConfig):
+    """All training pairs as one ``Dataset(query, document, domain)``: local jsonl(.gz) files or folders of them
+    (the format of ../shared/data/pairs), ``beir:FOLDER[:split]`` (train qrels), ``hub:NAME[:config]``, or
+    ``builtin:tiny``. Domains in ``exclude_domains`` are dropped; per-domain prompts are applied to the texts."""
+    from datasets import Dataset, concatenate_datasets
+
+    parts = []
+    for source in cfg.train_data:
+        if source == "builtin:tiny":
+            parts.append(Dataset.from_list(_tiny_pairs()))
+        elif source.startswith("beir:"):
+            folder, _, split = source[len("beir:") :].partition(":")
+            parts.append(_load_beir_pairs(folder, split or "train"))
+        elif source.startswith("hub:"):
+            parts.append(_load_hub_pairs(source[len("hub:") :]))
+        else:
+            parts.extend(_load_jsonl_pairs(path) for path in _jsonl_files(source))
+    if not parts:
+        raise ValueError("No training data: set train_data.")
+    pairs = concatenate_datasets(parts)
+    if cfg.exclude_domains:
+        excluded = set(cfg.exclude_domains)
+        pairs = pairs.filter(lambda d: d not in excluded, input_columns="domain")
+    if len(pairs) == 0:
+        raise ValueError(f"No training pairs left after excluding domains {cfg.exclude_domains}.")
+    if cfg.max_pairs is not None and cfg.max_pairs < len(pairs):
+        pairs = pairs.shuffle(seed=cfg.seed).select(range(cfg.max_pairs))
+    if cfg.domain_prompts:
+
+        def prefix(row):
+            prompts = cfg.domain_prompts.get(row["domain"], {})
+            return {
+                "query": prompts.get("query", "") + row["query"],
+                "document": prompts.get("document", "") + row["document"],
+            }
+
+        pairs = pairs.map(prefix)
+    return pairs
+
+
+# ------------------------------------------------------------------------------------------------- the run
+def _bf16(cfg: TrainConfig) -> bool:
+    if cfg.bf16 == "auto":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    return bool(cfg.bf16)
+
+
+def build_loss(cfg: TrainConfig, model):
+    from cde_st._defaults import load_default_surrogate
+    from cde_st.losses import FilteredInfoNCELoss
+
+    guide = None
+    if cfg.filter_false_negatives:
+        if cfg.guide is None:
+            guide = load_default_surrogate()
+        else:
+            from sentence_transformers import SentenceTransformer
+
+            guide = SentenceTransformer(cfg.guide)
+    return FilteredInfoNCELoss(
+        model,
+        guide=guide,
+        temperature=cfg.temperature,
+        margin=cfg.margin,
+        mini_batch_size=cfg.mini_batch_size,
+        context_mini_batch_size=cfg.context_mini_batch_size,
+        bidirectional=cfg.bidirectional,
+        filter_false_negatives=cfg.filter_false_negatives,
+    )
+
+
+def build_batch_sampler(cfg: TrainConfig, pairs):
+    from sentence_transformers.base.sampler import BatchSamplers
+
+    if cfg.batching == "random":
+        return BatchSamplers.NO_DUPLICATES
+    if cfg.batching != "clustered":
+        raise ValueError(f"batching must be 'clustered' or 'random', got {cfg.batching!r}.")
+    from cde_st.sampler import ClusteredBatchSampler
+
+    return partial(
+        ClusteredBatchSampler,
+        cluster_size=min(cfg.cluster_size or cfg.batch_size, len(pairs)),
+        model=cfg.surrogate,
+        domain_dataset=pairs,
+        query_column="query",
+        document_column="document",
+    )
+
+
+def build_evaluator(cfg: TrainConfig):
+    if not cfg.eval_folder:
+        return None
+    from cde_st.evaluators import ContextualRetrievalEvaluator
+
+    return ContextualRetrievalEvaluator(
+        cfg.eval_folder,
+        split=cfg.eval_split,
+        max_corpus=cfg.eval_max_corpus,
+        seed=cfg.seed,
+        name=Path(cfg.eval_folder).name,
+    )
+
+
+def train(cfg: TrainConfig, resume: bool | str = False):
+    """Train as configured; save the final model (with its model card) to ``output_dir/final``; return it."""
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    torch.manual_seed(cfg.seed)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    with open(os.path.join(cfg.output_dir, "train_config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg.to_dict(), f, indent=2)
+
+    pairs = load_pairs(cfg)
+    train_dataset = pairs.remove_columns("domain")  # the collator would feed any extra column to the model
+    model = build_model(cfg)
+    loss = build_loss(cfg, model)
+    evaluator = build_evaluator(cfg)
+    prompts = resolved_prompts(cfg)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=cfg.output_dir,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        warmup_steps=cfg.warmup_steps,
+        lr_scheduler_type="linear",
+        num_train_epochs=cfg.num_train_epochs,
+        max_steps=cfg.max_steps,
+        weight_decay=cfg.weight_decay,
+        bf16=_bf16(cfg),
+        seed=cfg.seed,
+        batch_sampler=build_batch_sampler(cfg, pairs),
+        prompts={"query": prompts["query"], "document": prompts["document"]} if any(prompts.values()) else None,
+        eval_strategy="steps" if (evaluator is not None and cfg.eval_steps) else "no",
+        eval_steps=cfg.eval_steps,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        logging_steps=cfg.logging_steps,
+        dataloader_num_workers=cfg.dataloader_num_workers,
+        dataloader_drop_last=False,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        report_to="none",
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model, args=args, train_dataset=train_dataset, loss=loss, evaluator=evaluator
+    )
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=resume or None)
+    wall = time.perf_counter() - start
+    final_dir = os.path.join(cfg.output_dir, "final")
+    model.save(final_dir)
+    summary = {"train_wall_seconds": round(wall, 1), "steps": trainer.state.global_step, "pairs": len(pairs)}
+    if evaluator is not None:
+        summary["final_eval"] = evaluator(model)
+    with open(os.path.join(cfg.output_dir, "train_summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    logger.info("training done: %s", summary)
+    return model

@@ -1,0 +1,97 @@
+"""The training recipe: presets, config files, data loading, and the tiny preset end to end."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from cde_st import ContextualSentenceTransformer
+from cde_st.cli import train_main
+from cde_st.training import TrainConfig, load_pairs, train
+
+
+def test_presets_and_config_files(tmp_path):
+    cfg = TrainConfig.from_preset("mini", batch_size=32)
+    assert (cfg.context_size, cfg.max_seq_length, cfg.batch_size) == (64, 64, 32)
+    assert "scifact_train" in cfg.exclude_domains
+    path = tmp_path / "cfg.yaml"
+    path.write_text("preset: tiny\nmodel: biencoder\nbatching: random\n")
+    cfg = TrainConfig.from_file(path, max_steps=2)
+    assert (cfg.model, cfg.batching, cfg.max_steps, cfg.base_model) == ("biencoder", "random", 2, "tiny")
+    with pytest.raises(ValueError, match="Unknown training config keys"):
+        TrainConfig.from_dict({"batchsize": 3})
+    with pytest.raises(ValueError, match="Unknown preset"):
+        TrainConfig.from_preset("huge")
+    with pytest.raises(FileNotFoundError):
+        TrainConfig.from_file(tmp_path / "missing.yaml")
+
+
+def test_load_pairs_jsonl_domains_exclusion_and_prompts(tmp_path):
+    rows_a = [{"query": f"qa{i}", "document": f"da{i}", "domain": "a"} for i in range(5)]
+    rows_b = [{"query": f"qb{i}", "document": f"db{i}"} for i in range(3)]  # no domain column: file name
+    with gzip.open(tmp_path / "first.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows_a)
+    (tmp_path / "second.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_b))
+    cfg = TrainConfig(train_data=[str(tmp_path)], domain_prompts={"second": {"query": "Q: "}})
+    pairs = load_pairs(cfg)
+    assert len(pairs) == 8 and sorted(set(pairs["domain"])) == ["a", "second"]
+    assert "Q: qb0" in pairs["query"]
+    pairs = load_pairs(TrainConfig(train_data=[str(tmp_path)], exclude_domains=["a"]))
+    assert set(pairs["domain"]) == {"second"}
+    with pytest.raises(ValueError, match="No training pairs left"):
+        load_pairs(TrainConfig(train_data=[str(tmp_path / "second.jsonl")], exclude_domains=["second"]))
+    with pytest.raises(FileNotFoundError):
+        load_pairs(TrainConfig(train_data=[str(tmp_path / "nope")]))
+
+
+def test_load_pairs_from_beir_train_qrels(tmp_path):
+    beir = tmp_path / "mini_beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "title": f"T{i}", "text": f"text {i}"}) + "\n" for i in range(4))
+    )
+    (beir / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": f"query {i}"}) + "\n" for i in range(3))
+    )
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td1\t1\nq1\td2\t1\nq2\td3\t0\n")
+    pairs = load_pairs(TrainConfig(train_data=[f"beir:{beir}:train"]))
+    assert list(pairs["query"]) == ["query 0", "query 1"]
+    assert list(pairs["document"]) == ["T1 text 1", "T2 text 2"]
+    assert set(pairs["domain"]) == {"mini_beir_train"}
+
+
+@pytest.mark.slow
+def test_tiny_preset_end_to_end_and_reload(tmp_path, minilm):
+    cfg = TrainConfig.from_preset("tiny", output_dir=str(tmp_path / "run"))
+    model = train(cfg)
+    final = tmp_path / "run" / "final"
+    assert (final / "README.md").exists()  # model card
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["steps"] == 4
+    reloaded = ContextualSentenceTransformer(str(final))
+    docs = ["a passage about rain", "a passage about coffee"]
+    model.set_context(docs)
+    reloaded.set_context(docs)
+    np.testing.assert_allclose(reloaded.encode_document(docs), model.encode_document(docs), atol=1e-6)
+
+
+@pytest.mark.slow
+def test_cli_biencoder_random_batches_and_resume(tmp_path, minilm):
+    out = tmp_path / "bi"
+    common = [
+        "--preset",
+        "tiny",
+        "--output-dir",
+        str(out),
+        "--set",
+        "model=biencoder",
+        "batching=random",
+        "filter_false_negatives=false",
+    ]
+    train_main([*common, "max_steps=2"])
+    assert (out / "checkpoint-2").is_dir()
+    train_main([*common, "max_steps=4", "--resume"])
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 4
