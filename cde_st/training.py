@@ -296,7 +296,8 @@ def _load_jsonl_pairs(path: str):
         raise ValueError(f"{path}: missing column(s) {sorted(missing)}; expected query, document[, domain].")
     if "domain" not in ds.column_names:
         ds = ds.add_column("domain", [_domain_of(path)] * len(ds))
-    return ds.select_columns(["query", "document", "domain"])
+    ds = ds.select_columns(["query", "document", "domain"])
+    return ds.add_column("source", [_domain_of(path)] * len(ds))
 
 
 def _load_beir_pairs(folder: str, split: str = "train"):
@@ -338,7 +339,8 @@ def _load_hub_pairs(spec: str):
 def load_pairs(cfg: TrainConfig):
     """All training pairs as one ``Dataset(query, document, domain)``: local jsonl(.gz) files or folders of them
     (the format of ../shared/data/pairs), ``beir:FOLDER[:split]`` (train qrels), ``hub:NAME[:config]``, or
-    ``builtin:tiny``. Domains in ``exclude_domains`` are dropped; per-domain prompts are applied to the texts."""
+    ``builtin:tiny``. ``exclude_domains`` drops rows by domain or by source file name (e.g. ``scifact`` or
+    ``scifact_train``); per-domain prompts are applied to the texts."""
     from datasets import Dataset, concatenate_datasets
 
     parts = []
@@ -354,10 +356,12 @@ def load_pairs(cfg: TrainConfig):
             parts.extend(_load_jsonl_pairs(path) for path in _jsonl_files(source))
     if not parts:
         raise ValueError("No training data: set train_data.")
+    parts = [p if "source" in p.column_names else p.add_column("source", list(p["domain"])) for p in parts]
     pairs = concatenate_datasets(parts)
     if cfg.exclude_domains:
         excluded = set(cfg.exclude_domains)
-        pairs = pairs.filter(lambda d: d not in excluded, input_columns="domain")
+        pairs = pairs.filter(lambda d, s: d not in excluded and s not in excluded, input_columns=["domain", "source"])
+    pairs = pairs.remove_columns("source")
     if len(pairs) == 0:
         raise ValueError(f"No training pairs left after excluding domains {cfg.exclude_domains}.")
     if cfg.max_pairs is not None and cfg.max_pairs < len(pairs):

@@ -41,6 +41,8 @@ def test_load_pairs_jsonl_domains_exclusion_and_prompts(tmp_path):
     assert "Q: qb0" in pairs["query"]
     pairs = load_pairs(TrainConfig(train_data=[str(tmp_path)], exclude_domains=["a"]))
     assert set(pairs["domain"]) == {"second"}
+    pairs = load_pairs(TrainConfig(train_data=[str(tmp_path)], exclude_domains=["first"]))  # by file name
+    assert set(pairs["domain"]) == {"second"}
     with pytest.raises(ValueError, match="No training pairs left"):
         load_pairs(TrainConfig(train_data=[str(tmp_path / "second.jsonl")], exclude_domains=["second"]))
     with pytest.raises(FileNotFoundError):

