@@ -1,0 +1,543 @@
+"""Local evaluation folders (the formats of ``../shared/data``) as mteb tasks.
+
+Five formats, one folder per task:
+
+================== =====================================================================================
+retrieval (BEIR)   ``corpus.jsonl[.gz]`` (``_id, title, text``), ``queries.jsonl[.gz]`` (``_id, text``),
+                   ``qrels/<split>.tsv`` (``query-id  corpus-id  score``, optional header line)
+sts                ``<split>.jsonl[.gz]`` with ``sentence1, sentence2, score``
+classification     ``train.jsonl`` + ``<split>.jsonl`` with ``text, label``
+clustering         ``<split>.jsonl`` with ``text, label``
+pair_classification ``<split>.jsonl`` with ``sentence1, sentence2, label`` (label 0/1)
+================== =====================================================================================
+
+A local folder becomes an mteb task named after the folder. When the folder is a local copy of a published mteb task
+(``scifact`` -> ``SciFact``, ``banking77`` -> ``Banking77Classification``, ...; see :data:`MTEB_TWINS`), the task
+*is* that mteb task class with only the data source replaced: same evaluator, main score, splits, subset, score
+normalisation and classifier setup (``n_experiments``, ``samples_per_label``), so its scores are comparable to the
+published ones. Any other folder gets the plain mteb abstract task of its format with mteb's defaults.
+
+Scoring is always mteb's own; this module only reads files, validates them (errors name the file and line) and hands
+mteb the dataset layout its task classes expect.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: The five local formats, named like the type subfolders of ``../shared/data``.
+TASK_KINDS = ("retrieval", "sts", "classification", "clustering", "pair_classification")
+
+#: mteb task type of each local format.
+KIND_TO_MTEB_TYPE = {
+    "retrieval": "Retrieval",
+    "sts": "STS",
+    "classification": "Classification",
+    "clustering": "Clustering",
+    "pair_classification": "PairClassification",
+}
+
+#: Local folder name -> (published mteb task whose definition it reproduces, hf subset of that task).
+MTEB_TWINS: dict[str, tuple[str, str]] = {
+    "scifact": ("SciFact", "default"),
+    "stsbenchmark": ("STSBenchmark", "default"),
+    "sts12": ("STS12", "default"),
+    "sts13": ("STS13", "default"),
+    "sts14": ("STS14", "default"),
+    "sickr": ("SICK-R", "default"),
+    "biosses": ("BIOSSES", "default"),
+    "banking77": ("Banking77Classification", "default"),
+    "amazon_counterfactual_en": ("AmazonCounterfactualClassification", "en"),
+    "tweet_sentiment_extraction": ("TweetSentimentExtractionClassification", "default"),
+    "twentynewsgroups": ("TwentyNewsgroupsClustering", "default"),
+    "twitterurlcorpus": ("TwitterURLCorpus", "default"),
+}
+
+_SPLIT_PREFERENCE = ("test", "dev", "validation", "val")
+_JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+
+
+class LocalDataError(ValueError):
+    """A local evaluation file is missing or malformed; the message names the file (and line)."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# File readers
+
+
+def _open_text(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else path.open(encoding="utf-8")
+
+
+def _iter_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) for the non-blank lines of a text file (gzip by suffix), with file-level errors."""
+    try:
+        with _open_text(path) as handle:
+            for lineno, line in enumerate(handle, start=1):
+                if line.strip():
+                    yield lineno, line
+    except UnicodeDecodeError as err:
+        raise LocalDataError(f"{path}: not UTF-8 text ({err}).") from err
+    except (OSError, EOFError) as err:  # truncated / not-gzip files
+        raise LocalDataError(f"{path}: cannot be read ({err}).") from err
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "text": (str,),
+    "sentence1": (str,),
+    "sentence2": (str,),
+    "_id": (str, int),
+    "title": (str,),
+    "score": (int, float),
+    "label": (int, str),
+}
+
+
+def read_jsonl(path: str | Path, fields: Sequence[str], optional: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Read a JSON-lines file (``.jsonl`` or ``.jsonl.gz``) whose records must have ``fields``.
+
+    Every record is checked: valid JSON object, required fields present, each field of the expected type
+    (texts are strings, scores numbers, labels int or str). Errors raise :class:`LocalDataError` naming the file and
+    line. Only the listed fields are kept.
+    """
+    path = Path(path)
+    rows: list[dict[str, Any]] = []
+    for lineno, line in _iter_lines(path):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise LocalDataError(f"{path}:{lineno}: invalid JSON ({err.msg} at column {err.colno}).") from err
+        if not isinstance(record, dict):
+            raise LocalDataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}.")
+        row: dict[str, Any] = {}
+        for field in (*fields, *optional):
+            if field not in record or record[field] is None:
+                if field in optional:
+                    continue
+                raise LocalDataError(
+                    f"{path}:{lineno}: missing field {field!r} (required: {', '.join(fields)}; "
+                    f"found: {', '.join(record) or 'none'})."
+                )
+            value = record[field]
+            types = _FIELD_TYPES.get(field, (object,))
+            if isinstance(value, bool) or not isinstance(value, types):
+                expected = " or ".join(t.__name__ for t in types)
+                raise LocalDataError(
+                    f"{path}:{lineno}: field {field!r} must be {expected}, got {type(value).__name__} {value!r:.60}."
+                )
+            row[field] = value
+        rows.append(row)
+    if not rows:
+        raise LocalDataError(f"{path}: no records.")
+    return rows
+
+
+def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """Read a BEIR qrels TSV (``query-id  corpus-id  score``; a first header line is allowed) into mteb's layout."""
+    path = Path(path)
+    qrels: dict[str, dict[str, int]] = {}
+    for lineno, line in _iter_lines(path):
+        parts = line.rstrip("\n").split("\t")
+        if len(parts) != 3:
+            parts = line.split()
+        if len(parts) != 3:
+            raise LocalDataError(
+                f"{path}:{lineno}: expected 3 tab-separated columns (query-id, corpus-id, score), got {len(parts)}."
+            )
+        qid, did, score = (p.strip() for p in parts)
+        try:
+            value = int(float(score))
+        except ValueError as err:
+            if lineno == 1:
+                continue  # header line
+            raise LocalDataError(f"{path}:{lineno}: relevance score {score!r} is not a number.") from err
+        qrels.setdefault(qid, {})[did] = value
+    if not qrels:
+        raise LocalDataError(f"{path}: no relevance judgements.")
+    return qrels
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Folder inspection
+
+
+def _find_file(folder: Path, stem: str) -> Path | None:
+    for suffix in _JSONL_SUFFIXES:
+        candidate = folder / f"{stem}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def available_splits(folder: str | Path, kind: str) -> list[str]:
+    """The splits a local folder provides (retrieval: one per ``qrels/<split>.tsv``; others: ``<split>.jsonl``)."""
+    folder = Path(folder)
+    if kind == "retrieval":
+        return sorted(p.name[: -len(".tsv")] for p in (folder / "qrels").glob("*.tsv"))
+    names = set()
+    for suffix in _JSONL_SUFFIXES:
+        names.update(p.name[: -len(suffix)] for p in folder.glob(f"*{suffix}"))
+    return sorted(names)
+
+
+def detect_kind(folder: str | Path) -> str:
+    """Which of the five local formats a folder holds.
+
+    The type subfolder it sits in (``retrieval/``, ``sts/``, ...) decides when it is one of :data:`TASK_KINDS`;
+    otherwise the files do: a BEIR layout is retrieval; records with ``score`` are STS, with ``sentence1`` and
+    ``label`` pair classification; ``text, label`` records are classification when a train split exists beside
+    another split, else clustering.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise LocalDataError(f"{folder}: not a folder.")
+    if folder.parent.name in TASK_KINDS:
+        return folder.parent.name
+    if _find_file(folder, "corpus") is not None or (folder / "qrels").is_dir():
+        return "retrieval"
+    splits = available_splits(folder, "sts")
+    if not splits:
+        raise LocalDataError(
+            f"{folder}: no evaluation files found (expected a BEIR folder with corpus.jsonl, queries.jsonl and "
+            "qrels/<split>.tsv, or <split>.jsonl files)."
+        )
+    first = _find_file(folder, splits[0])
+    assert first is not None
+    _, line = next(_iter_lines(first), (0, "{}"))
+    try:
+        keys = set(json.loads(line))
+    except (json.JSONDecodeError, TypeError) as err:
+        raise LocalDataError(f"{first}:1: invalid JSON, cannot tell the task format.") from err
+    if {"sentence1", "sentence2", "score"} <= keys:
+        return "sts"
+    if {"sentence1", "sentence2", "label"} <= keys:
+        return "pair_classification"
+    if {"text", "label"} <= keys:
+        return "classification" if "train" in splits and len(splits) > 1 else "clustering"
+    raise LocalDataError(
+        f"{first}:1: cannot tell the task format from fields {sorted(keys)} (expected sentence1/sentence2/score, "
+        "sentence1/sentence2/label or text/label)."
+    )
+
+
+def folder_fingerprint(folder: str | Path) -> str:
+    """Short content hash of a local task folder: recorded as the dataset revision of its results."""
+    digest = hashlib.sha256()
+    folder = Path(folder)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loaders: files -> the dataset layout of the mteb abstract task of each format
+
+
+def _split_file(folder: Path, split: str) -> Path:
+    path = _find_file(folder, split)
+    if path is None:
+        raise LocalDataError(f"{folder}: missing {split}.jsonl (found splits: {available_splits(folder, 'sts')}).")
+    return path
+
+
+def _check_labels(rows: list[dict[str, Any]], path: Path) -> None:
+    kinds = {type(r["label"]) for r in rows}
+    if len(kinds) > 1:
+        first = type(rows[0]["label"])
+        for lineno, row in enumerate(rows, start=1):
+            if type(row["label"]) is not first:
+                raise LocalDataError(
+                    f"{path}: labels mix {first.__name__} and {type(row['label']).__name__} "
+                    f"(record {lineno}: {row['label']!r}); use one type."
+                )
+
+
+def load_retrieval_split(folder: str | Path, split: str) -> dict[str, Any]:
+    """A BEIR folder split as mteb's ``RetrievalSplitData`` (corpus, queries with judgements, qrels)."""
+    from datasets import Dataset
+
+    folder = Path(folder)
+    corpus_path, queries_path = _find_file(folder, "corpus"), _find_file(folder, "queries")
+    qrels_path = folder / "qrels" / f"{split}.tsv"
+    for path, what in ((corpus_path, "corpus.jsonl"), (queries_path, "queries.jsonl")):
+        if path is None:
+            raise LocalDataError(f"{folder}: missing {what} (BEIR layout).")
+    if not qrels_path.is_file():
+        raise LocalDataError(f"{folder}: missing qrels/{split}.tsv (found: {available_splits(folder, 'retrieval')}).")
+    corpus_rows = read_jsonl(corpus_path, ["_id", "text"], optional=["title"])
+    query_rows = read_jsonl(queries_path, ["_id", "text"])
+    qrels = read_qrels(qrels_path)
+
+    query_ids = {str(r["_id"]) for r in query_rows}
+    unknown = [q for q in qrels if q not in query_ids]
+    if len(unknown) == len(qrels):
+        raise LocalDataError(f"{qrels_path}: none of its query ids occur in {queries_path.name}.")
+    if unknown:
+        logger.warning("%s: %d judged query ids are not in %s; ignored.", qrels_path, len(unknown), queries_path.name)
+    corpus = Dataset.from_dict(
+        {
+            "id": [str(r["_id"]) for r in corpus_rows],
+            "title": [r.get("title", "") for r in corpus_rows],
+            "text": [r["text"] for r in corpus_rows],
+        }
+    )
+    judged = [r for r in query_rows if str(r["_id"]) in qrels]
+    queries = Dataset.from_dict({"id": [str(r["_id"]) for r in judged], "text": [r["text"] for r in judged]})
+    return {"corpus": corpus, "queries": queries, "relevant_docs": qrels, "top_ranked": None}
+
+
+def load_sts_split(folder: str | Path, split: str):
+    """``sentence1, sentence2, score`` records as a ``datasets.Dataset``."""
+    from datasets import Dataset
+
+    path = _split_file(Path(folder), split)
+    rows = read_jsonl(path, ["sentence1", "sentence2", "score"])
+    return Dataset.from_dict({k: [r[k] for r in rows] for k in ("sentence1", "sentence2", "score")})
+
+
+def load_classification_split(folder: str | Path, split: str):
+    """``text, label`` records as a ``datasets.Dataset`` (columns ``text``, ``label``)."""
+    from datasets import Dataset
+
+    path = _split_file(Path(folder), split)
+    rows = read_jsonl(path, ["text", "label"])
+    _check_labels(rows, path)
+    return Dataset.from_dict({"text": [r["text"] for r in rows], "label": [r["label"] for r in rows]})
+
+
+def load_clustering_split(folder: str | Path, split: str):
+    """``text, label`` records as one cluster set in mteb's clustering layout (``sentences``, ``labels`` lists)."""
+    from datasets import Dataset
+
+    path = _split_file(Path(folder), split)
+    rows = read_jsonl(path, ["text", "label"])
+    _check_labels(rows, path)
+    return Dataset.from_dict({"sentences": [[r["text"] for r in rows]], "labels": [[r["label"] for r in rows]]})
+
+
+def load_pair_classification_split(folder: str | Path, split: str):
+    """``sentence1, sentence2, label`` records (label 0/1) as mteb's pair layout (``labels`` column)."""
+    from datasets import Dataset
+
+    path = _split_file(Path(folder), split)
+    rows = read_jsonl(path, ["sentence1", "sentence2", "label"])
+    for lineno, row in enumerate(rows, start=1):
+        if row["label"] not in (0, 1):
+            raise LocalDataError(f"{path}: record {lineno}: label must be 0 or 1, got {row['label']!r}.")
+    if len(rows) < 2:
+        raise LocalDataError(f"{path}: pair classification needs at least two pairs.")
+    return Dataset.from_dict(
+        {
+            "sentence1": [r["sentence1"] for r in rows],
+            "sentence2": [r["sentence2"] for r in rows],
+            "labels": [int(r["label"]) for r in rows],
+        }
+    )
+
+
+_SPLIT_LOADERS = {
+    "retrieval": load_retrieval_split,
+    "sts": load_sts_split,
+    "classification": load_classification_split,
+    "clustering": load_clustering_split,
+    "pair_classification": load_pair_classification_split,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Local folders as mteb tasks
+
+
+@dataclass(frozen=True)
+class LocalTaskSource:
+    """Where a local task's data lives and how to read it."""
+
+    folder: Path
+    kind: str
+    hf_subset: str = "default"
+    train_split: str | None = None
+
+
+class _LocalDataMixin:
+    """Replaces an mteb task's hub loading by reading a local folder; everything else stays the task's own."""
+
+    local_source: LocalTaskSource
+
+    def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:  # noqa: ARG002 - mteb signature
+        if self.data_loaded:
+            return
+        source = self.local_source
+        load = _SPLIT_LOADERS[source.kind]
+        splits = list(self.eval_splits)
+        if source.train_split and source.train_split not in splits:
+            splits.append(source.train_split)
+        if source.kind == "retrieval":
+            data: Any = {source.hf_subset: {split: load(source.folder, split) for split in splits}}
+        else:
+            from datasets import DatasetDict
+
+            data = DatasetDict({split: load(source.folder, split) for split in splits})
+            if self.metadata.is_multilingual:
+                data = {source.hf_subset: data}
+        self.dataset = data
+        self.data_loaded = True
+
+
+def _generic_base(kind: str) -> type:
+    from mteb.abstasks.classification import AbsTaskClassification
+    from mteb.abstasks.clustering_legacy import AbsTaskClusteringLegacy
+    from mteb.abstasks.pair_classification import AbsTaskPairClassification
+    from mteb.abstasks.retrieval import AbsTaskRetrieval
+    from mteb.abstasks.sts import AbsTaskSTS
+
+    return {
+        "retrieval": AbsTaskRetrieval,
+        "sts": AbsTaskSTS,
+        "classification": AbsTaskClassification,
+        "clustering": AbsTaskClusteringLegacy,
+        "pair_classification": AbsTaskPairClassification,
+    }[kind]
+
+
+_MAIN_SCORES = {
+    "retrieval": "ndcg_at_10",
+    "sts": "cosine_spearman",
+    "classification": "accuracy",
+    "clustering": "v_measure",
+    "pair_classification": "max_ap",
+}
+
+
+def load_local_task(
+    folder: str | Path,
+    *,
+    name: str | None = None,
+    kind: str | None = None,
+    twin: str | None = None,
+    eval_splits: Sequence[str] | None = None,
+):
+    """Build the mteb task for a local folder (see the module docstring for the formats).
+
+    Args:
+        folder: the task folder.
+        name: task name in results (default: the folder name).
+        kind: one of :data:`TASK_KINDS` (default: :func:`detect_kind`).
+        twin: mteb task whose definition to reuse (default: :data:`MTEB_TWINS` by folder name; ``""`` for none).
+        eval_splits: splits to evaluate (default: the twin's that exist locally; else the first of
+            test/dev/validation found).
+
+    Returns:
+        An ``mteb`` ``AbsTask`` instance whose ``load_data`` reads the folder.
+
+    Example:
+        >>> task = load_local_task("../shared/data/retrieval/scifact")  # doctest: +SKIP
+        >>> task.metadata.name, task.metadata.main_score  # doctest: +SKIP
+        ('scifact', 'ndcg_at_10')
+    """
+    import mteb
+    from mteb.abstasks.task_metadata import TaskMetadata
+
+    folder = Path(folder).expanduser().resolve()
+    if not folder.is_dir():
+        raise LocalDataError(f"{folder}: task folder does not exist.")
+    name = name or folder.name
+    kind = kind or detect_kind(folder)
+    if kind not in TASK_KINDS:
+        raise ValueError(f"Unknown local task format {kind!r}; expected one of {TASK_KINDS}.")
+    if twin is None:
+        twin_name, hf_subset = MTEB_TWINS.get(folder.name, ("", "default"))
+    else:
+        twin_name, hf_subset = twin, "default"
+
+    present = available_splits(folder, kind)
+    dataset = {"path": str(folder), "revision": f"local-{folder_fingerprint(folder)}"}
+    if twin_name:
+        twin_task = mteb.get_task(twin_name)
+        base = type(twin_task)
+        if KIND_TO_MTEB_TYPE[kind] != twin_task.metadata.type:
+            raise ValueError(f"{folder}: a {kind} folder cannot reuse the {twin_task.metadata.type} task {twin_name}.")
+        wanted = list(eval_splits or [s for s in twin_task.metadata.eval_splits if s in present])
+        update: dict[str, Any] = {
+            "name": name,
+            "dataset": dataset,
+            "description": f"Local copy of the mteb task {twin_name} read from {folder}.",
+            "superseded_by": None,
+            "adapted_from": [twin_name],
+        }
+        if twin_task.metadata.is_multilingual:
+            update["eval_langs"] = {hf_subset: twin_task.metadata.eval_langs[hf_subset]}
+        metadata = twin_task.metadata.model_copy(update=update)
+    else:
+        base = _generic_base(kind)
+        wanted = list(eval_splits or [s for s in _SPLIT_PREFERENCE if s in present][:1])
+        metadata = TaskMetadata(
+            name=name,
+            description=f"Local {kind} task read from {folder}.",
+            dataset=dataset,
+            type=KIND_TO_MTEB_TYPE[kind],
+            category="t2t" if kind in ("retrieval", "sts", "pair_classification") else "t2c",
+            modalities=["text"],
+            eval_splits=["test"],
+            eval_langs=["eng-Latn"],
+            main_score=_MAIN_SCORES[kind],
+        )
+    if not wanted:
+        raise LocalDataError(
+            f"{folder}: no evaluation split found (available: {present or 'none'}; expected "
+            f"{', '.join(twin_task.metadata.eval_splits) if twin_name else 'test, dev or validation'})."
+        )
+    missing = [s for s in wanted if s not in present]
+    if missing:
+        raise LocalDataError(f"{folder}: requested split(s) {missing} not found (available: {present}).")
+    metadata = metadata.model_copy(update={"eval_splits": wanted})
+
+    train_split = None
+    if kind == "classification":
+        train_split = getattr(base, "train_split", "train")
+        if train_split not in present:
+            raise LocalDataError(f"{folder}: classification needs {train_split}.jsonl to fit the classifier.")
+    source = LocalTaskSource(folder=folder, kind=kind, hf_subset=hf_subset, train_split=train_split)
+    cls = type(
+        f"Local{base.__name__}",
+        (_LocalDataMixin, base),
+        {"metadata": metadata, "local_source": source, "__module__": __name__},
+    )
+    return cls()
+
+
+def find_local_task(name: str, data_dir: str | Path | None) -> Path | None:
+    """The folder of local task ``name``: ``name`` itself if it is a folder, else ``data_dir/<type>/<name>`` or
+    ``data_dir/<name>``; ``None`` when there is none."""
+    candidate = Path(name).expanduser()
+    if candidate.is_dir():
+        return candidate
+    if data_dir is None:
+        return None
+    root = Path(data_dir).expanduser()
+    for sub in (*TASK_KINDS, ""):
+        folder = root / sub / name if sub else root / name
+        if folder.is_dir() and (sub or folder.name not in TASK_KINDS):
+            return folder
+    return None
+
+
+def list_local_tasks(data_dir: str | Path | None) -> list[str]:
+    """Names of the task folders under ``data_dir`` (in its type subfolders)."""
+    if data_dir is None or not Path(data_dir).is_dir():
+        return []
+    root = Path(data_dir)
+    return sorted(
+        p.name for kind in TASK_KINDS if (root / kind).is_dir() for p in (root / kind).iterdir() if p.is_dir()
+    )

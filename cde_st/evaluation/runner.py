@@ -1,0 +1,467 @@
+"""One function to evaluate a model on mteb tasks with per-task corpus context: :func:`evaluate_model`.
+
+``eval/run_mteb.py`` is a thin command line over it, and the trainer calls it to score a dev folder.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cde_st.context import sample_context
+from cde_st.evaluation.local_tasks import find_local_task, list_local_tasks, load_local_task
+from cde_st.evaluation.pools import CONTEXT_MODES, ContextPlan, context_pool, unique_texts
+from cde_st.evaluation.report import (
+    TaskScore,
+    plot_sweep,
+    run_label,
+    scores_from_result,
+    summary_markdown,
+    sweep_markdown,
+    write_summary,
+    write_sweep_csv,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class UnknownTaskError(ValueError):
+    """A task name that is neither a local folder nor an mteb task."""
+
+
+class TaskDataError(RuntimeError):
+    """A task's data could not be loaded (e.g. an mteb hub dataset while offline)."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Models
+
+
+def load_model(name_or_path: str | Path, device: str | None = None):
+    """Load a sentence-transformers model from a folder or a hub id; CDE folders load as
+    ``ContextualSentenceTransformer`` (no ``trust_remote_code`` needed).
+
+    Raises:
+        FileNotFoundError: a path-like name whose folder does not exist, or a folder that is not a model.
+    """
+    from sentence_transformers import SentenceTransformer
+
+    spec = str(name_or_path)
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir() or not ((path / "modules.json").is_file() or (path / "config.json").is_file()):
+            raise FileNotFoundError(
+                f"{path} is not a model folder (no modules.json or config.json): give a saved sentence-transformers "
+                "model folder or a hub id."
+            )
+        modules = path / "modules.json"
+        if modules.is_file() and "cde_st" in modules.read_text(encoding="utf-8"):
+            from cde_st import ContextualSentenceTransformer
+
+            return ContextualSentenceTransformer(str(path), device=device)
+        return SentenceTransformer(str(path), device=device)
+    looks_like_path = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
+    if looks_like_path:
+        raise FileNotFoundError(f"Model folder {path} does not exist.")
+    try:
+        return SentenceTransformer(spec, device=device)
+    except Exception as err:  # hub errors come in many types; say what was tried
+        raise FileNotFoundError(
+            f"{spec!r} is not a local model folder and could not be loaded from the Hugging Face hub ({err})."
+        ) from err
+
+
+def default_model_name(model: Any, spec: str | Path | None) -> str:
+    """``org/name`` for results: the hub id, ``local/<folder>`` for a folder, else from the model card."""
+    if spec is not None:
+        text = str(spec)
+        path = Path(text).expanduser()
+        if path.exists():
+            resolved = path.resolve()
+            generic = resolved.name.lower() in {"model", "models", "final", "best", "output", "checkpoint"}
+            return f"local/{resolved.parent.name if generic else resolved.name}"
+        return text if "/" in text else f"local/{text}"
+    card = getattr(model, "model_card_data", None)
+    name = getattr(card, "model_name", None) or getattr(card, "base_model", None)
+    if name:
+        return name if "/" in name else f"local/{name}"
+    return f"local/{type(model).__name__}"
+
+
+def parameter_fingerprint(model: Any) -> str:
+    """Short hash of a model's weights: the default result revision, so different checkpoints never collide."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return f"params-{digest.hexdigest()[:12]}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tasks
+
+
+def resolve_task(task: Any, data_dir: str | Path | None = None, eval_splits: Sequence[str] | None = None):
+    """An mteb task from a task object, a local folder (path, or name under ``data_dir``) or an mteb task name.
+
+    Local folders win over mteb names (``scifact`` is the local copy, ``SciFact`` the mteb hub task).
+
+    Raises:
+        UnknownTaskError: with the local tasks found and the closest mteb names.
+    """
+    import mteb
+    from mteb.abstasks.abstask import AbsTask
+
+    if isinstance(task, AbsTask):
+        return task
+    spec = str(task)
+    folder = find_local_task(spec, data_dir)
+    if folder is not None:
+        return load_local_task(folder, eval_splits=eval_splits)
+    try:
+        hub_task = mteb.get_task(spec)
+    except KeyError:
+        local = list_local_tasks(data_dir)
+        names = [t.metadata.name for t in mteb.get_tasks()]
+        close = difflib.get_close_matches(spec, local + names, n=5, cutoff=0.6)
+        lines = [f"Unknown task {spec!r}: not a folder, not a local task under data_dir, not an mteb task."]
+        if close:
+            lines.append(f"Did you mean: {', '.join(close)}?")
+        if data_dir is None:
+            lines.append("Local tasks are looked up under --data-dir (e.g. ../shared/data).")
+        elif local:
+            lines.append(f"Local tasks in {data_dir}: {', '.join(local)}.")
+        else:
+            lines.append(f"No local tasks found under {data_dir}.")
+        raise UnknownTaskError(" ".join(lines)) from None
+    if eval_splits:
+        hub_task = hub_task.filter_eval_splits(list(eval_splits))
+    return hub_task
+
+
+def _load_task_data(task: Any, data_dir: str | Path | None) -> None:
+    if task.data_loaded:
+        return
+    try:
+        task.load_data()
+    except Exception as err:
+        if getattr(task, "local_source", None) is not None:
+            raise
+        local = list_local_tasks(data_dir)
+        twin = [n for n in local if n.replace("_", "").lower() in task.metadata.name.replace("-", "").lower()]
+        hint = f" A local copy may exist: {', '.join(twin)} (with --data-dir {data_dir})." if twin else ""
+        raise TaskDataError(
+            f"Could not load the data of mteb task {task.metadata.name!r} ({task.metadata.dataset.get('path')}) "
+            f"from the Hugging Face hub: {type(err).__name__}: {err}. Without network access, evaluate a local "
+            f"folder instead (a path, or a folder name with --data-dir).{hint}"
+        ) from err
+
+
+def _first_subset_split(task: Any) -> tuple[str, str]:
+    return task.hf_subsets[0], task.eval_splits[0]
+
+
+def load_text_corpus(spec: str | Path | Sequence[str], data_dir: str | Path | None = None) -> tuple[list[str], str]:
+    """Documents of a "random" context corpus and a short name for it: a list of texts; a ``.txt`` (one document
+    per line) or ``.jsonl[.gz]`` file (``text`` field, with ``title`` prepended when present); or a local task /
+    folder, whose context pool (for its first subset and split) is the corpus."""
+    from cde_st.evaluation.local_tasks import read_jsonl
+
+    if not isinstance(spec, (str, Path)):
+        texts = unique_texts(spec)
+        digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:8]
+        return texts, f"texts-{digest}"
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix == ".txt":
+            texts = unique_texts(path.read_text(encoding="utf-8").splitlines())
+        else:
+            rows = read_jsonl(path, ["text"], optional=["title"])
+            texts = unique_texts(f"{r.get('title', '')} {r['text']}".strip() for r in rows)
+        return texts, path.name
+    task = resolve_task(str(spec), data_dir)
+    _load_task_data(task, data_dir)
+    texts = context_pool(task, *_first_subset_split(task))
+    return texts, task.metadata.name
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class RunResult:
+    """The results of one context setting (mode, size J, seed) on all tasks."""
+
+    context: str
+    context_size: int
+    seed: int
+    experiment_kwargs: dict[str, Any]
+    scores: list[TaskScore] = field(default_factory=list)
+    task_results: list[Any] = field(default_factory=list)
+    context_log: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return run_label(self.context, self.context_size)
+
+
+@dataclass
+class EvaluationReport:
+    """What :func:`evaluate_model` returns: one :class:`RunResult` per context size, and the files written."""
+
+    model_name: str
+    revision: str
+    runs: list[RunResult]
+    files: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def scores(self) -> list[TaskScore]:
+        return [s for run in self.runs for s in run.scores]
+
+    def score(self, task: str, context_size: int | None = None) -> float:
+        """Main score x100 of ``task`` (in the run with ``context_size``; the only/first run by default)."""
+        for run in self.runs:
+            if context_size is None or run.context_size == context_size:
+                for s in run.scores:
+                    if s.task == task:
+                        return s.score
+        raise KeyError(f"No score for task {task!r} (context size {context_size}).")
+
+    def summary(self) -> str:
+        """The Markdown summary table (per-task scores and Table 2 per-type averages)."""
+        return summary_markdown(self.scores, f"MTEB summary: {self.model_name}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The run
+
+
+def evaluate_model(
+    model: Any,
+    tasks: Sequence[Any],
+    *,
+    data_dir: str | Path | None = None,
+    context_size: int | Sequence[int] | None = None,
+    context_seed: int = 0,
+    context: str = "corpus",
+    random_corpus: str | Path | Sequence[str] | None = None,
+    prefixes: bool | None = None,
+    prefix_overrides: Mapping[str, str] | None = None,
+    output_dir: str | Path | None = "mteb_results",
+    batch_size: int = 64,
+    model_name: str | None = None,
+    revision: str | None = None,
+    eval_splits: Sequence[str] | None = None,
+    overwrite: bool = True,
+    show_progress_bar: bool = True,
+    device: str | None = None,
+) -> EvaluationReport:
+    """Evaluate a (contextual or plain) sentence-transformers model on mteb tasks and local task folders.
+
+    Per task/subset/split the context is sampled from the task's own pool (:mod:`cde_st.evaluation.pools`),
+    seeded and without replacement, prefixed with the task's document prefix, and embedded once; the task is then
+    scored by mteb's own evaluator.
+
+    Args:
+        model: a ``SentenceTransformer`` (e.g. ``ContextualSentenceTransformer``), or a model folder / hub id.
+        tasks: mteb task names, local task folders, names of folders under ``data_dir``, or mteb task objects.
+        data_dir: root of local task folders (``<data_dir>/<type>/<name>``, as ``../shared/data``).
+        context_size: J, or several J for a sweep (contextual models only; default: the model's context size).
+            J = 0 means no context (all slots null).
+        context_seed: seed of the context sampling.
+        context: ``"corpus"`` (the task's own pool), ``"random"`` (documents from another corpus: ``random_corpus``
+            if given, else the pools of the *other* tasks of this run) or ``"none"`` (null context).
+        random_corpus: the fixed corpus of ``context="random"``: texts, a ``.txt`` / ``.jsonl`` file or a task.
+        prefixes: apply the task prefixes (default: on for contextual models, off for plain ones, which then use
+            their own configured prompts as mteb does).
+        prefix_overrides: replace prefixes by role (``query``, ``document``, ``classification``, ``clustering``,
+            ``symmetric``); implies ``prefixes=True`` unless it is explicitly False.
+        output_dir: where mteb result JSON (``results/<model>/<revision>/experiments/<settings>/<task>.json``) and
+            the summary files go; ``None`` writes nothing.
+        batch_size: encode batch size.
+        model_name / revision: how results name the model (defaults: ``local/<folder>`` or the hub id, and a hash
+            of the weights).
+        eval_splits: evaluate these splits instead of the tasks' defaults.
+        overwrite: re-run tasks whose results exist in ``output_dir`` (False: reuse them).
+        show_progress_bar: progress bars while encoding.
+        device: device for a model given by name.
+
+    Returns:
+        An :class:`EvaluationReport` (scores per run and task, mteb ``TaskResult`` objects, files written).
+
+    Example:
+        >>> report = evaluate_model(model, ["scifact"], data_dir="../shared/data", context_size=[0, 64])  # doctest: +SKIP
+        >>> report.score("scifact", context_size=64)  # doctest: +SKIP
+    """
+    import mteb
+
+    from cde_st.evaluation.wrapper import ContextualEncoderWrapper, TaskPrefixes, build_model_meta, is_contextual_model
+
+    if context not in CONTEXT_MODES:
+        raise ValueError(f"Unknown context mode {context!r}; choose one of {CONTEXT_MODES}.")
+    spec = model if isinstance(model, (str, Path)) else None
+    if spec is not None:
+        model = load_model(spec, device=device)
+    resolved = [resolve_task(t, data_dir, eval_splits) for t in tasks]
+    names = [t.metadata.name for t in resolved]
+    if len(set(names)) != len(names):
+        raise ValueError(f"Duplicate tasks in {names}.")
+
+    contextual = is_contextual_model(model)
+    sizes = _context_sizes(model, contextual, context, context_size)
+    mode = context if contextual else "none"
+    use_prefixes = prefixes if prefixes is not None else (contextual or bool(prefix_overrides))
+    task_prefixes = TaskPrefixes().with_overrides(prefix_overrides) if use_prefixes else None
+
+    model_name = model_name or default_model_name(model, spec)
+    revision = revision or parameter_fingerprint(model)
+    random_pool, random_name = None, None
+    if mode == "random":
+        random_pool, random_name = _random_pool(resolved, random_corpus, data_dir, max(sizes), context_seed)
+
+    runs: list[RunResult] = []
+    wrappers = []
+    for size in sizes:
+        kwargs: dict[str, Any] = {"context": mode, "context_size": size, "context_seed": context_seed}
+        if mode == "random":
+            kwargs["random_corpus"] = random_name
+        if task_prefixes is not None:
+            kwargs["prefixes"] = "nomic" if task_prefixes == TaskPrefixes() else task_prefixes.to_dict()
+        elif contextual:
+            kwargs["prefixes"] = "off"
+        plan = ContextPlan(mode=mode, size=size, seed=context_seed, random_pool=random_pool) if contextual else None
+        meta = build_model_meta(model, name=model_name, revision=revision, experiment_kwargs=kwargs)
+        wrappers.append(ContextualEncoderWrapper(model, plan=plan, prefixes=task_prefixes, model_meta=meta))
+        runs.append(RunResult(context=mode, context_size=size, seed=context_seed, experiment_kwargs=kwargs))
+
+    cache = mteb.ResultCache(cache_path=str(Path(output_dir).expanduser())) if output_dir is not None else None
+    encode_kwargs = {"batch_size": batch_size, "show_progress_bar": show_progress_bar}
+    try:
+        for task in resolved:
+            preloaded = task.data_loaded
+            _load_task_data(task, data_dir)
+            for wrapper, run in zip(wrappers, runs):
+                if wrapper.plan is not None:
+                    wrapper.plan.register(task)
+                logger.info("Evaluating %s on %s (%s)", model_name, task.metadata.name, run.label)
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*superseded.*")
+                    result = mteb.evaluate(
+                        wrapper,
+                        task,
+                        cache=cache,
+                        overwrite_strategy="always" if overwrite else "only-missing",
+                        encode_kwargs=dict(encode_kwargs),
+                        show_progress_bar=False,
+                        co2_tracker=False,
+                    )
+                if result.exceptions:
+                    raise RuntimeError(f"Task {task.metadata.name} failed: {result.exceptions[0].exception}")
+                task_result = result.task_results[0]
+                run.task_results.append(task_result)
+                run.scores.append(
+                    scores_from_result(
+                        task_result,
+                        task_type=task.metadata.type,
+                        metric=task.metadata.main_score,
+                        context=run.context,
+                        context_size=run.context_size,
+                        seed=run.seed,
+                    )
+                )
+            if not preloaded:
+                task.unload_data()
+    finally:
+        for wrapper in wrappers:
+            wrapper.release()
+    for wrapper, run in zip(wrappers, runs):
+        run.context_log = wrapper.context_log
+
+    report = EvaluationReport(model_name=model_name, revision=revision, runs=runs)
+    if output_dir is not None:
+        report.files = _write_reports(report, Path(output_dir).expanduser())
+    return report
+
+
+def _context_sizes(model: Any, contextual: bool, context: str, context_size: int | Sequence[int] | None) -> list[int]:
+    requested = [context_size] if isinstance(context_size, int) else list(context_size or [])
+    if any(j < 0 for j in requested):
+        raise ValueError(f"Context sizes must be >= 0, got {requested}.")
+    if not contextual:
+        if any(j > 0 for j in requested) or context != "corpus":
+            logger.warning("Plain (non-contextual) model: context settings are ignored.")
+        return [0]
+    if context == "none":
+        return [0]
+    from cde_st import contextual_module
+
+    slots = contextual_module(model).context_size
+    sizes = list(dict.fromkeys(requested)) or [slots]
+    too_big = [j for j in sizes if j > slots]
+    if too_big:
+        raise ValueError(f"Context size(s) {too_big} exceed the model's {slots} context slots.")
+    return sizes
+
+
+def _random_pool(tasks: list[Any], random_corpus: Any, data_dir: Any, max_size: int, seed: int):
+    """The foreign-document function of ``context="random"`` and its name for the results."""
+    if random_corpus is not None:
+        texts, name = load_text_corpus(random_corpus, data_dir)
+        return (lambda _task: texts), name
+    if len(tasks) < 2:
+        raise ValueError(
+            "context='random' takes documents from the other tasks of the run, but there is only one task; "
+            "give a fixed foreign corpus with random_corpus= (--random-corpus)."
+        )
+    # A bounded seeded sample of every task's pool, read once up front; the random context of task T is then
+    # drawn from the samples of all *other* tasks.
+    samples: dict[str, list[str]] = {}
+    for task in tasks:
+        was_loaded = task.data_loaded
+        _load_task_data(task, data_dir)
+        pool = context_pool(task, *_first_subset_split(task))
+        samples[task.metadata.name] = sample_context(pool, min(len(pool), max_size), seed)
+        if not was_loaded:
+            task.unload_data()
+
+    def others(task_name: str) -> list[str]:
+        return unique_texts(t for name, texts in samples.items() if name != task_name for t in texts)
+
+    return others, "other-tasks"
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def _write_reports(report: EvaluationReport, output_dir: Path) -> dict[str, Path]:
+    first = report.runs[0]
+    sizes = [r.context_size for r in report.runs]
+    size_tag = "-".join(str(j) for j in sizes)
+    tag = f"{_slug(report.model_name)}__{first.context}_J{size_tag}_seed{first.seed}"
+    if "prefixes" in first.experiment_kwargs:
+        prefixes = first.experiment_kwargs["prefixes"]
+        tag += f"_prefixes-{prefixes if isinstance(prefixes, str) else 'custom'}"
+    title = f"MTEB summary: {report.model_name} @ {report.revision} (context={first.context}, seed={first.seed})"
+    files = write_summary(report.scores, output_dir / "summary" / tag, title, report.model_name)
+    context_path = output_dir / "summary" / f"{tag}.contexts.json"
+    context_path.write_text(
+        json.dumps({r.label: r.context_log for r in report.runs}, indent=1, ensure_ascii=False), encoding="utf-8"
+    )
+    files["contexts"] = context_path
+    if len(report.runs) > 1:
+        sweep_title = f"Context-size sweep: {report.model_name} (context={first.context}, seed={first.seed})"
+        sweep_md = output_dir / "summary" / f"{tag}.sweep.md"
+        sweep_md.write_text(sweep_markdown(report.scores, sweep_title), encoding="utf-8")
+        files["sweep_md"] = sweep_md
+        files["sweep_csv"] = write_sweep_csv(report.scores, output_dir / "summary" / f"{tag}.sweep.csv")
+        files["sweep_png"] = plot_sweep(report.scores, output_dir / "summary" / f"{tag}.sweep.png", sweep_title)
+    return files

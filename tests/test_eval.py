@@ -1,0 +1,539 @@
+"""The MTEB evaluation kit: local task loaders, context pools, prefixes, the wrapper and the runner (tiny data)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cde_st.context import sample_context
+from cde_st.evaluation import local_tasks, report, runner
+from cde_st.evaluation.local_tasks import LocalDataError, detect_kind, load_local_task, read_jsonl, read_qrels
+from cde_st.evaluation.pools import ContextPlan, context_pool
+from cde_st.evaluation.wrapper import TaskPrefixes
+
+# ------------------------------------------------------------------------------------------------------------
+# Tiny local data in the five formats of ../shared/data
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "wt", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    return path
+
+
+TOPICS = ["apples are red fruit", "the stock market fell", "rain falls from clouds", "cats chase mice"]
+
+
+def make_retrieval(root: Path, name: str = "tinyret") -> Path:
+    folder = root / "retrieval" / name
+    corpus = [{"_id": f"d{i}", "title": f"Doc {i}", "text": f"{TOPICS[i % 4]} variant {i}"} for i in range(12)]
+    queries = [{"_id": f"q{i}", "text": f"QUERY-ONLY question about {TOPICS[i % 4]}"} for i in range(6)]
+    _write_jsonl(folder / "corpus.jsonl.gz", corpus)
+    _write_jsonl(folder / "queries.jsonl", queries)
+    (folder / "qrels").mkdir()
+    lines = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t1" for i in range(6)]
+    (folder / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def make_sts(root: Path, name: str = "tinysts") -> Path:
+    folder = root / "sts" / name
+    rows = [
+        {"sentence1": f"{TOPICS[i % 4]} {i}", "sentence2": f"{TOPICS[(i * 3) % 4]} again {i}", "score": float(i % 6)}
+        for i in range(10)
+    ]
+    rows.append(dict(rows[0]))  # a repeated pair: the pool must not count its sentences twice
+    _write_jsonl(folder / "test.jsonl", rows)
+    return folder
+
+
+def make_classification(root: Path, name: str = "tinycls") -> Path:
+    folder = root / "classification" / name
+    train = [{"text": f"TRAIN {TOPICS[i % 4]} {i}", "label": ["a", "b", "c", "d"][i % 4]} for i in range(16)]
+    test = [{"text": f"TEST {TOPICS[i % 4]} {i}", "label": ["a", "b", "c", "d"][i % 4]} for i in range(8)]
+    _write_jsonl(folder / "train.jsonl", train)
+    _write_jsonl(folder / "test.jsonl", test)
+    return folder
+
+
+def make_clustering(root: Path, name: str = "tinyclu") -> Path:
+    folder = root / "clustering" / name
+    _write_jsonl(folder / "test.jsonl", [{"text": f"{TOPICS[i % 4]} item {i}", "label": i % 4} for i in range(12)])
+    return folder
+
+
+def make_pairs(root: Path, name: str = "tinypair") -> Path:
+    folder = root / "pair_classification" / name
+    rows = [
+        {"sentence1": f"{TOPICS[i % 4]} {i}", "sentence2": f"{TOPICS[(i + i % 2) % 4]} b{i}", "label": 1 - i % 2}
+        for i in range(10)
+    ]
+    _write_jsonl(folder / "test.jsonl", rows)
+    return folder
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    for make in (make_retrieval, make_sts, make_classification, make_clustering, make_pairs):
+        make(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_plain_model(tiny_bert_dir):
+    """A plain (non-contextual) sentence-transformers bi-encoder on the tiny random BERT."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.transformer import Transformer
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+
+    torch.manual_seed(0)
+    transformer = Transformer(tiny_bert_dir, max_seq_length=64)
+    model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension())])
+    model.eval()
+    return model
+
+
+def _loaded(folder: Path):
+    task = load_local_task(folder)
+    task.load_data()
+    return task
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Loaders
+
+
+def test_detect_kind_from_type_folder_and_from_files(data_dir, tmp_path):
+    for kind in local_tasks.TASK_KINDS:
+        (folder,) = (data_dir / kind).iterdir()
+        assert detect_kind(folder) == kind
+    # outside a type folder the files decide
+    assert detect_kind(make_retrieval(tmp_path / "x", "a").rename(tmp_path / "ret")) == "retrieval"
+    assert detect_kind(make_sts(tmp_path / "x", "b").rename(tmp_path / "sts")) == "sts"
+    assert detect_kind(make_pairs(tmp_path / "x", "c").rename(tmp_path / "pc")) == "pair_classification"
+    assert detect_kind(make_classification(tmp_path / "x", "d").rename(tmp_path / "cls")) == "classification"
+    assert detect_kind(make_clustering(tmp_path / "x", "e").rename(tmp_path / "clu")) == "clustering"
+
+
+def test_load_retrieval_folder(data_dir):
+    task = _loaded(data_dir / "retrieval" / "tinyret")
+    assert task.metadata.name == "tinyret" and task.metadata.main_score == "ndcg_at_10"
+    split = task.dataset["default"]["test"]
+    assert len(split["corpus"]) == 12 and split["corpus"][0]["title"] == "Doc 0"
+    assert len(split["queries"]) == 6
+    assert split["relevant_docs"]["q3"] == {"d3": 1}
+
+
+def test_load_sts_classification_clustering_pairs(data_dir):
+    sts = _loaded(data_dir / "sts" / "tinysts")
+    assert sts.metadata.main_score == "cosine_spearman" and len(sts.dataset["test"]) == 11
+    cls = _loaded(data_dir / "classification" / "tinycls")
+    assert cls.metadata.main_score == "accuracy" and set(cls.dataset) == {"train", "test"}
+    clu = _loaded(data_dir / "clustering" / "tinyclu")
+    assert clu.metadata.main_score == "v_measure" and len(clu.dataset["test"][0]["sentences"]) == 12
+    pair = _loaded(data_dir / "pair_classification" / "tinypair")
+    assert pair.metadata.main_score == "max_ap" and pair.dataset["test"]["labels"][:2] == [1, 0]
+
+
+def test_local_copy_of_an_mteb_task_reuses_its_definition(tmp_path):
+    folder = make_classification(tmp_path, "tweet_sentiment_extraction")
+    task = load_local_task(folder)
+    assert task.metadata.name == "tweet_sentiment_extraction"
+    assert type(task).__mro__[2].__name__ == "TweetSentimentExtractionClassification"
+    assert task.samples_per_label == 32 and task.n_experiments == 10
+    assert task.metadata.superseded_by is None and task.metadata.adapted_from == [
+        "TweetSentimentExtractionClassification"
+    ]
+    amazon = load_local_task(make_classification(tmp_path, "amazon_counterfactual_en"))
+    assert amazon.hf_subsets == ["en"] and amazon.metadata.eval_splits == ["test"]  # no validation file here
+
+
+@pytest.mark.parametrize(
+    ("content", "fields", "message"),
+    [
+        ('{"text": "a", "label": 1}\n{"text": "b", "label": 2\n', ["text", "label"], ":2: invalid JSON"),
+        ('{"text": "a", "label": 1}\n\n{"label": 2}\n', ["text", "label"], ":3: missing field 'text'"),
+        (
+            '{"sentence1": "a", "sentence2": "b", "score": "high"}\n',
+            ["sentence1", "sentence2", "score"],
+            ":1: field 'score'",
+        ),
+        ("[1, 2]\n", ["text"], ":1: expected a JSON object"),
+    ],
+)
+def test_malformed_jsonl_names_file_and_line(tmp_path, content, fields, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(LocalDataError, match="bad.jsonl" + message.replace("(", r"\(")):
+        read_jsonl(path, fields)
+
+
+def test_malformed_qrels_and_truncated_gzip(tmp_path):
+    path = tmp_path / "test.tsv"
+    path.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\n")
+    with pytest.raises(LocalDataError, match=r"test.tsv:3: expected 3"):
+        read_qrels(path)
+    path.write_text("query-id\tcorpus-id\tscore\nq1\td1\tyes\n")
+    with pytest.raises(LocalDataError, match=r"test.tsv:2: relevance score 'yes'"):
+        read_qrels(path)
+    gz = tmp_path / "corpus.jsonl.gz"
+    gz.write_bytes(gzip.compress(b'{"_id": "1", "text": "x"}\n' * 50)[:30])
+    with pytest.raises(LocalDataError, match="corpus.jsonl.gz"):
+        read_jsonl(gz, ["_id", "text"])
+
+
+def test_malformed_file_inside_a_task_is_reported_at_load(data_dir):
+    path = data_dir / "sts" / "tinysts" / "test.jsonl"
+    lines = path.read_text().splitlines()
+    lines[4] = '{"sentence1": "x", "score": 1.0}'
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(LocalDataError, match=r"tinysts/test.jsonl:5: missing field 'sentence2'"):
+        _loaded(path.parent)
+
+
+def test_missing_files_are_clear_errors(tmp_path):
+    folder = make_classification(tmp_path, "nocls")
+    (folder / "train.jsonl").unlink()
+    with pytest.raises(LocalDataError, match="train.jsonl"):
+        load_local_task(folder, kind="classification")
+    ret = make_retrieval(tmp_path, "noqueries")
+    (ret / "queries.jsonl").unlink()
+    task = load_local_task(ret)
+    with pytest.raises(LocalDataError, match="missing queries.jsonl"):
+        task.load_data()
+    with pytest.raises(LocalDataError, match="does not exist"):
+        load_local_task(tmp_path / "nowhere")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Context pools
+
+
+def test_retrieval_pool_is_the_corpus_never_the_queries(data_dir):
+    task = _loaded(data_dir / "retrieval" / "tinyret")
+    pool = context_pool(task, "default", "test")
+    assert len(pool) == 12
+    assert pool[0] == "Doc 0 apples are red fruit variant 0"  # title + text, as mteb feeds documents
+    assert not any("QUERY-ONLY" in text for text in pool)
+
+
+def test_classification_pool_is_the_train_texts(data_dir):
+    task = _loaded(data_dir / "classification" / "tinycls")
+    pool = context_pool(task, "default", "test")
+    assert len(pool) == 16 and all(t.startswith("TRAIN") for t in pool)
+    # the train-split encode call of mteb gets the same pool (and, below, the same context)
+    assert context_pool(task, "default", "train") == pool
+
+
+def test_own_text_pools_for_sts_pairs_and_clustering(data_dir):
+    sts = _loaded(data_dir / "sts" / "tinysts")
+    pool = context_pool(sts, "default", "test")
+    rows = sts.dataset["test"]
+    assert set(pool) == set(rows["sentence1"]) | set(rows["sentence2"])
+    assert len(pool) == len(set(pool)) == 20  # both columns, the repeated pair counted once
+    pair = _loaded(data_dir / "pair_classification" / "tinypair")
+    rows = pair.dataset["test"]
+    assert set(context_pool(pair, "default", "test")) == set(rows["sentence1"]) | set(rows["sentence2"])
+    clu = _loaded(data_dir / "clustering" / "tinyclu")
+    assert context_pool(clu, "default", "test") == [f"{TOPICS[i % 4]} item {i}" for i in range(12)]
+
+
+def test_context_plan_is_seeded_and_chosen_once_per_task_subset_split(data_dir):
+    ret = _loaded(data_dir / "retrieval" / "tinyret")
+    cls = _loaded(data_dir / "classification" / "tinycls")
+    plan = ContextPlan(mode="corpus", size=5, seed=3)
+    plan.register(ret)
+    plan.register(cls)
+    choice = plan.choose("tinyret", "default", "test")
+    assert choice.texts == sample_context(context_pool(ret, "default", "test"), 5, 3)
+    assert plan.choose("tinyret", "default", "test") is choice
+    assert len(set(choice.texts)) == 5  # without replacement
+    assert plan.choose("tinycls", "default", "train") is plan.choose("tinycls", "default", "test")
+    other_seed = ContextPlan(mode="corpus", size=5, seed=4)
+    other_seed.register(ret)
+    assert other_seed.choose("tinyret", "default", "test").texts != choice.texts
+    assert ContextPlan(mode="none", size=5).choose("tinyret", "default", "test") is None
+    assert ContextPlan(mode="corpus", size=0).choose("tinyret", "default", "test") is None
+    with pytest.raises(KeyError, match="not registered"):
+        plan.choose("unknown", "default", "test")
+    with pytest.raises(ValueError, match="random_pool"):
+        ContextPlan(mode="random", size=4)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Prefixes and the wrapper
+
+
+def test_task_prefixes_by_type_and_overrides():
+    p = TaskPrefixes()
+    assert p.for_inputs("Retrieval", "query") == "search_query: "
+    assert p.for_inputs("Reranking", "document") == "search_document: "
+    assert p.for_context("Retrieval") == "search_document: "
+    assert p.for_inputs("Classification", None) == p.for_context("Classification") == "classification: "
+    assert p.for_inputs("Clustering", None) == "clustering: "
+    assert p.for_inputs("STS", None) == "classification: "
+    custom = p.with_overrides({"symmetric": "sts: ", "query": "q: "})
+    assert custom.for_inputs("PairClassification", None) == "sts: " and custom.for_inputs("Retrieval", "query") == "q: "
+    assert TaskPrefixes.off().for_inputs("Retrieval", "query") == ""
+    with pytest.raises(ValueError, match="Unknown prefix role"):
+        p.with_overrides({"passage": "x"})
+
+
+class _RecordingModel:
+    """Stands in for a SentenceTransformer: records which prompt each encode call used."""
+
+    prompts = {"query": "Q: ", "document": ""}
+    similarity_fn_name = "cosine"
+    max_seq_length = 16
+
+    def __init__(self):
+        self.calls = []
+
+    def _encode(self, kind, texts, prompt=None, **kwargs):
+        self.calls.append((kind, prompt, list(texts)))
+        return np.ones((len(texts), 4), dtype=np.float32)
+
+    def encode(self, texts, **kw):
+        return self._encode("encode", texts, **kw)
+
+    def encode_query(self, texts, **kw):
+        return self._encode("query", texts, **kw)
+
+    def encode_document(self, texts, **kw):
+        return self._encode("document", texts, **kw)
+
+    def get_embedding_dimension(self):
+        return 4
+
+
+def test_wrapper_applies_prefixes_and_model_prompts(data_dir):
+    from mteb.types import PromptType
+
+    from cde_st.evaluation.wrapper import ContextualEncoderWrapper, build_model_meta
+
+    task = _loaded(data_dir / "sts" / "tinysts")
+    model = _RecordingModel()
+    meta = build_model_meta(model, name="test/recording", revision="r", experiment_kwargs={"context": "none"})
+    loader = [{"text": ["a", "b"]}]
+    with_prefixes = ContextualEncoderWrapper(model, plan=None, prefixes=TaskPrefixes(), model_meta=meta)
+    with_prefixes.encode(loader, task_metadata=task.metadata, hf_split="test", hf_subset="default")
+    assert model.calls[-1] == ("encode", "classification: ", ["a", "b"])
+    ret = _loaded(data_dir / "retrieval" / "tinyret")
+    with_prefixes.encode(
+        loader, task_metadata=ret.metadata, hf_split="test", hf_subset="default", prompt_type=PromptType.query
+    )
+    assert model.calls[-1][:2] == ("query", "search_query: ")
+    # prefixes off: the model's own prompts, as mteb would choose them
+    plain = ContextualEncoderWrapper(model, plan=None, prefixes=None, model_meta=meta)
+    plain.encode(loader, task_metadata=ret.metadata, hf_split="test", hf_subset="default", prompt_type=PromptType.query)
+    assert model.calls[-1][:2] == ("query", "Q: ")
+    assert not plain.contextual
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The runner, end to end
+
+
+def test_unknown_task_and_missing_model_errors(data_dir, tmp_path):
+    from cde_st.evaluation.runner import UnknownTaskError, load_model, resolve_task
+
+    with pytest.raises(UnknownTaskError, match=r"Unknown task 'tinyrett'.*Did you mean: tinyret"):
+        resolve_task("tinyrett", data_dir)
+    with pytest.raises(UnknownTaskError, match="--data-dir"):
+        resolve_task("no_such_task_anywhere", None)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model(tmp_path / "missing_model")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a model folder"):
+        load_model(tmp_path / "empty")
+
+
+def test_hub_task_offline_gives_a_clear_error(data_dir, monkeypatch):
+    import mteb
+
+    from cde_st.evaluation.runner import TaskDataError, _load_task_data
+
+    task = mteb.get_task("STS12")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'mteb/sts12-sts' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(task, "load_data", offline)
+    with pytest.raises(TaskDataError, match="STS12.*Hugging Face hub.*local folder"):
+        _load_task_data(task, data_dir)
+
+
+def test_end_to_end_plain_model(data_dir, tmp_path, tiny_plain_model):
+    from cde_st.evaluation import evaluate_model
+
+    out = tmp_path / "out"
+    tasks = ["tinyret", "tinysts", "tinycls", "tinyclu", str(data_dir / "pair_classification" / "tinypair")]
+    result = evaluate_model(
+        tiny_plain_model,
+        tasks,
+        data_dir=data_dir,
+        output_dir=out,
+        batch_size=8,
+        show_progress_bar=False,
+        model_name="test/tiny-plain",
+        context_size=[4, 8],  # ignored for a plain model
+    )
+    assert len(result.runs) == 1 and result.runs[0].context == "none"
+    assert result.runs[0].context_log == []
+    scores = {s.task: s for s in result.scores}
+    assert set(scores) == {"tinyret", "tinysts", "tinycls", "tinyclu", "tinypair"}
+    assert all(0.0 <= s.score <= 100.0 or s.task == "tinysts" for s in scores.values())
+    assert scores["tinycls"].metric == "accuracy" and scores["tinyret"].metric == "ndcg_at_10"
+    jsons = sorted(p.name for p in (out / "results").rglob("*.json") if p.name != "model_meta.json")
+    assert jsons == sorted(f"{t}.json" for t in scores)
+    saved = json.loads(next((out / "results").rglob("tinyret.json")).read_text())
+    assert saved["task_name"] == "tinyret" and "ndcg_at_10" in saved["scores"]["test"][0]
+    meta = json.loads(next((out / "results").rglob("model_meta.json")).read_text())
+    assert meta["name"] == "test/tiny-plain" and meta["experiment_kwargs"]["context"] == "none"
+    md = result.files["summary_md"].read_text()
+    assert "| Class. | Clust. | PairClass. | Rerank | Retrieval | STS | Summ. | Avg |" in md
+    assert "tinypair" in md and result.files["summary_csv"].read_text().count("\n") == 1 + 5 + 6
+
+
+def test_cli_reports_errors(data_dir, tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_mteb", Path(__file__).parents[1] / "eval" / "run_mteb.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    assert cli.main(["--model", str(tmp_path / "nope"), "--tasks", "tinyret", "--data-dir", str(data_dir)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli.main(["--model", str(tmp_path), "--tasks", "tinyret", "--prefix", "oops"]) == 2
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Reports
+
+
+def _score(task, task_type, value, size=0):
+    return report.TaskScore(task, task_type, "m", "test", value, "corpus", size, 0)
+
+
+def test_type_averages_and_sweep_outputs(tmp_path):
+    scores = [
+        _score("a", "Classification", 60.0),
+        _score("b", "Classification", 70.0),
+        _score("c", "Retrieval", 40.0),
+        _score("d", "STS", 80.0),
+    ]
+    row = report.type_averages(scores)
+    assert row["Class."] == 65.0 and row["Retrieval"] == 40.0 and row["STS"] == 80.0
+    assert row["Clust."] is None and row["Avg"] == 62.5
+    sweep = [_score("c", "Retrieval", v, j) for j, v in [(0, 40.0), (16, 42.0), (64, 45.0)]]
+    table = report.sweep_markdown(sweep, "sweep")
+    assert "| c | 40.00 | 42.00 | 45.00 |" in table
+    png = report.plot_sweep(sweep, tmp_path / "sweep.png", "sweep")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Contextual models
+
+
+def test_contextual_model_context_from_the_right_pool(data_dir, tmp_path, make_tiny_cde, monkeypatch):
+    from cde_st.evaluation import evaluate_model, wrapper
+
+    model = make_tiny_cde(context_size=8)
+    seen = []
+    original = wrapper._set_model_context
+
+    def spy(model, texts, seed, prompt, batch_size=32):
+        seen.append((list(texts), prompt))
+        original(model, texts, seed=seed, prompt=prompt, batch_size=batch_size)
+
+    monkeypatch.setattr(wrapper, "_set_model_context", spy)
+    result = evaluate_model(
+        model,
+        ["tinyret", "tinycls"],
+        data_dir=data_dir,
+        output_dir=tmp_path / "out",
+        batch_size=8,
+        context_size=[0, 4, 8],
+        context_seed=1,
+        show_progress_bar=False,
+        model_name="test/tiny-cde",
+    )
+    assert [r.context_size for r in result.runs] == [0, 4, 8]
+    ret = _loaded(data_dir / "retrieval" / "tinyret")
+    cls = _loaded(data_dir / "classification" / "tinycls")
+    corpus, train = context_pool(ret, "default", "test"), context_pool(cls, "default", "test")
+    # J=4 and J=8: one context per task (queries and documents, train and test share it), from the right pool
+    assert seen == [
+        (sample_context(corpus, 4, 1), "search_document: "),
+        (sample_context(corpus, 8, 1), "search_document: "),
+        (sample_context(train, 4, 1), "classification: "),
+        (sample_context(train, 8, 1), "classification: "),
+    ]
+    log = {r.context_size: r.context_log for r in result.runs}
+    assert log[0] == [{"task": "tinyret", "subset": "default", "split": "test", "size": 0}]
+    assert [e["task"] for e in log[8]] == ["tinyret", "tinycls"] and log[8][0]["pool_size"] == 12
+    assert model.context_info is None  # the run leaves no context behind
+    # the settings are part of the result path, so runs never collide
+    experiments = {p.parent.name for p in (tmp_path / "out" / "results").rglob("tinyret.json")}
+    assert len(experiments) == 3 and any("context_size_8" in e for e in experiments)
+    assert result.files["sweep_png"].is_file() and result.files["sweep_md"].is_file()
+
+
+def test_contextual_context_changes_scores_and_random_mode(data_dir, tmp_path, make_tiny_cde):
+    from cde_st.evaluation import evaluate_model
+
+    model = make_tiny_cde(context_size=8)
+    corpus_run = evaluate_model(
+        model,
+        ["tinysts"],
+        data_dir=data_dir,
+        output_dir=None,
+        batch_size=8,
+        context_size=[0, 8],
+        show_progress_bar=False,
+    )
+    pearson = [run.task_results[0].scores["test"][0]["cosine_pearson"] for run in corpus_run.runs]
+    assert pearson[0] != pytest.approx(pearson[1], abs=1e-6)  # the context changes the embeddings
+    random_run = evaluate_model(
+        model,
+        ["tinysts", "tinyclu"],
+        data_dir=data_dir,
+        output_dir=None,
+        batch_size=8,
+        context="random",
+        context_size=8,
+        show_progress_bar=False,
+    )
+    entry = next(e for e in random_run.runs[0].context_log if e["task"] == "tinysts")
+    assert entry["source"] == "random-for:tinysts" and entry["pool_size"] == 8  # J of each other task's pool
+    assert random_run.runs[0].experiment_kwargs["random_corpus"] == "other-tasks"
+    # the random context of a task comes from the other tasks' pools only
+    sts, clu = _loaded(data_dir / "sts" / "tinysts"), _loaded(data_dir / "clustering" / "tinyclu")
+    foreign, name = runner._random_pool([sts, clu], None, data_dir, max_size=8, seed=0)
+    assert name == "other-tasks"
+    assert set(foreign("tinysts")) <= set(context_pool(clu, "default", "test"))
+    assert set(foreign("tinyclu")) <= set(context_pool(sts, "default", "test"))
+    with pytest.raises(ValueError, match="only one task"):
+        evaluate_model(model, ["tinysts"], data_dir=data_dir, output_dir=None, context="random")
+    fixed = evaluate_model(
+        model,
+        ["tinysts"],
+        data_dir=data_dir,
+        output_dir=None,
+        context="random",
+        random_corpus="tinyclu",
+        batch_size=8,
+        show_progress_bar=False,
+    )
+    assert fixed.runs[0].experiment_kwargs["random_corpus"] == "tinyclu"
+    with pytest.raises(ValueError, match="exceed"):
+        evaluate_model(model, ["tinysts"], data_dir=data_dir, output_dir=None, context_size=9)
