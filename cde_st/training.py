@@ -426,6 +426,7 @@ def build_batch_sampler(cfg: TrainConfig, pairs):
         domain_dataset=pairs,
         query_column="query",
         document_column="document",
+        max_seq_length=cfg.max_seq_length,  # the surrogate sees what the model sees (and it is much faster)
     )
 
 

@@ -36,8 +36,11 @@ DEFAULT_DOCUMENT_PROMPT = "search_document: "
 
 
 def _resolve_attn_implementation(name: str | None) -> str:
+    """"auto": flash-attention 2 when it is installed, a CUDA device is present and models are built in half
+    precision (flash-attention has no fp32 kernels), else PyTorch SDPA."""
     if name in (None, "auto"):
-        if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        half = torch.get_default_dtype() in (torch.float16, torch.bfloat16)
+        if half and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
             return "flash_attention_2"
         return "sdpa"
     return name
@@ -99,8 +102,8 @@ class ContextualTransformer(InputModule):
         output_head: "none", "mlp" (Linear-ReLU-Linear, cde-small-v1) or "residual_mlp" (cde-small-v2 style,
             zero-initialised so an untrained head is the identity).
         query_prompt / document_prompt: task prefixes; context documents always get the document prompt.
-        attn_implementation: "sdpa", "eager", "flash_attention_2", or "auto" (flash-attention when installed on a
-            CUDA machine, else SDPA).
+        attn_implementation: "sdpa", "eager", "flash_attention_2", or "auto" (flash-attention 2 when installed
+            (``pip install cde_st[flash]``) on a CUDA machine with a half-precision default dtype, else SDPA).
 
     Example:
         >>> from cde_st import ContextualSentenceTransformer
