@@ -460,6 +460,10 @@ def test_unprompted_document_column_warns_once(make_tiny_cde, caplog):
         for _ in range(2):
             with torch.no_grad():
                 loss(_copies(_columns(model, n=4, prompts=False)), None)
+        with torch.no_grad():  # a prefix written into the texts counts as the prompt
+            FilteredInfoNCELoss(model, guide=False)(
+                [model.preprocess(QUERIES[:4]), model.preprocess(["search_document: " + d for d in DOCS[:4]])], None
+            )
     assert sum("carries no prompt" in r.message for r in caplog.records) == 1
 
 

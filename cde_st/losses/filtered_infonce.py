@@ -355,7 +355,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         """The batch's context: first-stage inputs from the document column (see :func:`batch_context`)."""
         if module.context_size == 0:
             return None
-        if "prompt_length" not in documents and module.document_prompt and not self._warned_unprompted_context:
+        if not self._warned_unprompted_context and not _carries_prompt(documents, module):
             logger.warning(
                 "The document column carries no prompt, so the training context is built from unprefixed documents, "
                 f"while set_context() prefixes {module.document_prompt!r} at inference. Pass "
@@ -642,6 +642,16 @@ def _decode_texts(features: dict[str, Any], tokenizer) -> list[str]:
         # [CLS] + prompt tokens come first; skip_special_tokens drops [SEP]/[PAD] behind the text.
         start = int(prompt_length.flatten()[0]) if isinstance(prompt_length, Tensor) else int(prompt_length)
     return tokenizer.batch_decode(ids[:, start:], skip_special_tokens=True)
+
+
+def _carries_prompt(documents: dict[str, Any], module: ContextualTransformer) -> bool:
+    """Whether the document column starts with the model's document prompt (as a trainer prompt, which records
+    ``prompt_length``, or already written into the texts), or the model has no document prompt."""
+    if "prompt_length" in documents or not module.document_prompt:
+        return True
+    prompt_ids = module.tokenizer(module.document_prompt, add_special_tokens=False)["input_ids"]
+    first = documents["input_ids"][0].tolist()
+    return any(first[i : i + len(prompt_ids)] == prompt_ids for i in (0, 1))  # with or without a leading [CLS]
 
 
 def _cached_gradients(reps: list[list[Tensor]], loss_name: str) -> list[list[Tensor]]:
