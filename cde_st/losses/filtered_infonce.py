@@ -158,6 +158,106 @@ def batch_context(
 
 
 class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
+    """InfoNCE with guide-filtered in-batch negatives, for plain and contextual models, with optional
+    two-stage gradient caching: the training objective of Contextual Document Embeddings
+    (Morris & Rush, ICLR 2025, https://arxiv.org/abs/2410.02525).
+
+    For each query q_i with positive d_i the loss is the cross-entropy of d_i among the batch's documents and
+    hard negatives, over cosine similarities divided by ``temperature``. A frozen guide model removes from q_i's
+    denominator every in-batch document d_j with f(q_i, d_j) >= f(q_i, d_i) - ``margin`` (likely false
+    negatives, e.g. duplicates or other relevant documents); the positive itself and the hard-negative columns
+    are never removed.
+
+    With a :class:`~cde_st.ContextualSentenceTransformer` the batch's documents (the positive column) are also
+    the context: the first stage embeds them once per batch (``context_size`` of them, sampled with a seed
+    derived from the batch, when the batch is larger; null slots when smaller) and every column is encoded by
+    the second stage against that context. Keep the batch's documents and the context consistent by giving the
+    document column the document prompt (``SentenceTransformerTrainingArguments(prompts=...)``): the context
+    uses the column's tokens as they are, truncated to ``context_max_seq_length``.
+
+    With ``mini_batch_size`` (and/or ``context_mini_batch_size``) set, both stages run chunk by chunk without
+    grad, the loss gradient w.r.t. the embeddings is cached, and both stages are replayed chunk by chunk in the
+    backward pass (second stage first, which yields the gradient of the context; then the first stage). Activation
+    memory is then that of one chunk whatever the batch size (only the (B, d) embeddings and their gradients grow
+    with B), and the gradients equal the uncached ones up to float rounding (with dropout or sequence dropout on,
+    each chunk draws its own masks, so the two modes sample different masks).
+
+    Args:
+        model: a ``SentenceTransformer`` or ``ContextualSentenceTransformer``.
+        guide: the frozen guide scoring false negatives: a ``SentenceTransformer``, None for the default
+            (the offline all-MiniLM-L6-v2, via ``cde_st._defaults.load_default_surrogate``), or False for no
+            filtering. The guide is put in eval mode, frozen, and kept out of the loss's submodules, so it
+            never reaches an optimizer. It reads the texts decoded from the model's tokens (prompt removed).
+        temperature: tau; logits are cos / tau (paper: 0.02, i.e. scale 50).
+        margin: filtering margin (0: remove only in-batch documents the guide ranks at least as high as the
+            positive; larger removes more).
+        mini_batch_size: second-stage chunk size for gradient caching (None: no caching unless
+            ``context_mini_batch_size`` is set, then the second stage runs as one chunk).
+        context_mini_batch_size: first-stage chunk size for gradient caching; defaults to ``mini_batch_size``.
+        bidirectional: add the GTE-style terms (Li et al. 2023, https://arxiv.org/abs/2308.03281): q_i's
+            denominator also holds the other queries q_j, and, from d_i's side, the other queries q_j and the
+            other documents d_j (a joint partition; each distinct pair appears once). The guide filters these
+            too, each against the positive pair's score f(q_i, d_i).
+        filter_false_negatives: False disables the guide (plain InfoNCE; no guide is loaded).
+        context_seed: base seed of the context sampling (the per-batch seed also hashes the batch's tokens, so
+            a batch always gets the same context, independent of step counters).
+
+    References:
+        - Contextual Document Embeddings (Morris & Rush, ICLR 2025): https://arxiv.org/abs/2410.02525
+        - Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup (GradCache):
+          https://arxiv.org/abs/2101.06983
+
+    Requirements:
+        1. (anchor, positive) pairs or (anchor, positive, negative_1, ..., negative_n) tuples; the positive
+           (second) column holds the documents, which are also the contextual model's context.
+        2. Clustered, hard batches (``cde_st.sampler``) make in-batch negatives informative; the guide then
+           removes the false negatives that clustering brings in.
+
+    Inputs:
+        +-------------------------------------------------+--------+
+        | Inputs                                          | Labels |
+        +=================================================+========+
+        | (anchor, positive) pairs                        | none   |
+        +-------------------------------------------------+--------+
+        | (anchor, positive, negative_1, ..., negative_n) | none   |
+        +-------------------------------------------------+--------+
+
+    Relations:
+        - Without guide and without caching this is :class:`~sentence_transformers.losses.MultipleNegativesRankingLoss`
+          at scale 1/tau; with a guide it resembles :class:`~sentence_transformers.losses.GISTEmbedLoss`
+          (which thresholds q-d, q-q and d-d similarities the same way).
+        - Composes with :class:`~sentence_transformers.losses.MatryoshkaLoss` in both modes: the loss always
+          back-propagates from a hook (``uses_gradient_cache`` is True), so MatryoshkaLoss decorates
+          :meth:`calculate_loss` and never patches ``model.forward`` (whose patch drops ``dataset_embeddings``).
+
+    Example:
+        ::
+
+            from datasets import Dataset
+            from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+            from cde_st import ContextualSentenceTransformer
+            from cde_st.losses import FilteredInfoNCELoss
+
+            model = ContextualSentenceTransformer.from_encoder("sentence-transformers/all-MiniLM-L6-v2", context_size=64)
+            train_dataset = Dataset.from_dict({
+                "anchor": ["what causes rain?", "who wrote hamlet?", "how do vaccines work?"],
+                "positive": [
+                    "Rain forms when water vapour condenses into droplets.",
+                    "Hamlet is a tragedy written by William Shakespeare.",
+                    "Vaccines train the immune system to recognise a pathogen.",
+                ],
+            })
+            loss = FilteredInfoNCELoss(model, mini_batch_size=32)
+            args = SentenceTransformerTrainingArguments(
+                output_dir="cde-out",
+                per_device_train_batch_size=512,
+                prompts={"anchor": "search_query: ", "positive": "search_document: "},
+            )
+            trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
+            trainer.train()
+    """
+
     def __init__(
         self,
         model: SentenceTransformer,
@@ -170,103 +270,6 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         filter_false_negatives: bool = True,
         context_seed: int = 0,
     ) -> None:
-        """InfoNCE with guide-filtered in-batch negatives, for plain and contextual models, with optional
-        two-stage gradient caching: the training objective of Contextual Document Embeddings
-        (Morris & Rush, ICLR 2025, https://arxiv.org/abs/2410.02525).
-
-        For each query q_i with positive d_i the loss is the cross-entropy of d_i among the batch's documents and
-        hard negatives, over cosine similarities divided by ``temperature``. A frozen guide model removes from q_i's
-        denominator every in-batch document d_j with f(q_i, d_j) >= f(q_i, d_i) - ``margin`` (likely false
-        negatives, e.g. duplicates or other relevant documents); the positive itself and the hard-negative columns
-        are never removed.
-
-        With a :class:`~cde_st.ContextualSentenceTransformer` the batch's documents (the positive column) are also
-        the context: the first stage embeds them once per batch (``context_size`` of them, sampled with a seed
-        derived from the batch, when the batch is larger; null slots when smaller) and every column is encoded by
-        the second stage against that context. Keep the batch's documents and the context consistent by giving the
-        document column the document prompt (``SentenceTransformerTrainingArguments(prompts=...)``): the context
-        uses the column's tokens as they are, truncated to ``context_max_seq_length``.
-
-        With ``mini_batch_size`` (and/or ``context_mini_batch_size``) set, both stages run chunk by chunk without
-        grad, the loss gradient w.r.t. the embeddings is cached, and both stages are replayed chunk by chunk in the
-        backward pass (second stage first, which yields the gradient of the context; then the first stage). Memory
-        is then that of one chunk, whatever the batch size, and the gradients equal the uncached ones.
-
-        Args:
-            model: a ``SentenceTransformer`` or ``ContextualSentenceTransformer``.
-            guide: the frozen guide scoring false negatives: a ``SentenceTransformer``, None for the default
-                (the offline all-MiniLM-L6-v2, via ``cde_st._defaults.load_default_surrogate``), or False for no
-                filtering. The guide is put in eval mode, frozen, and kept out of the loss's submodules, so it
-                never reaches an optimizer. It reads the texts decoded from the model's tokens (prompt removed).
-            temperature: tau; logits are cos / tau (paper: 0.02, i.e. scale 50).
-            margin: filtering margin (0: remove only in-batch documents the guide ranks at least as high as the
-                positive; larger removes more).
-            mini_batch_size: second-stage chunk size for gradient caching (None: no caching unless
-                ``context_mini_batch_size`` is set, then the second stage runs as one chunk).
-            context_mini_batch_size: first-stage chunk size for gradient caching; defaults to ``mini_batch_size``.
-            bidirectional: add the GTE-style terms (Li et al. 2023, https://arxiv.org/abs/2308.03281): q_i's
-                denominator also holds the other queries q_j, and, from d_i's side, the other queries q_j and the
-                other documents d_j (a joint partition; each distinct pair appears once). The guide filters these
-                too, each against the positive pair's score f(q_i, d_i).
-            filter_false_negatives: False disables the guide (plain InfoNCE; no guide is loaded).
-            context_seed: base seed of the context sampling (the per-batch seed also hashes the batch's tokens, so
-                a batch always gets the same context, independent of step counters).
-
-        References:
-            - Contextual Document Embeddings (Morris & Rush, ICLR 2025): https://arxiv.org/abs/2410.02525
-            - Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup (GradCache):
-              https://arxiv.org/abs/2101.06983
-
-        Requirements:
-            1. (anchor, positive) pairs or (anchor, positive, negative_1, ..., negative_n) tuples; the positive
-               (second) column holds the documents, which are also the contextual model's context.
-            2. Clustered, hard batches (``cde_st.sampler``) make in-batch negatives informative; the guide then
-               removes the false negatives that clustering brings in.
-
-        Inputs:
-            +-------------------------------------------------+--------+
-            | Inputs                                          | Labels |
-            +=================================================+========+
-            | (anchor, positive) pairs                        | none   |
-            +-------------------------------------------------+--------+
-            | (anchor, positive, negative_1, ..., negative_n) | none   |
-            +-------------------------------------------------+--------+
-
-        Relations:
-            - Without guide and without caching this is :class:`~sentence_transformers.losses.MultipleNegativesRankingLoss`
-              at scale 1/tau; with a guide it resembles :class:`~sentence_transformers.losses.GISTEmbedLoss`
-              (which thresholds q-d, q-q and d-d similarities the same way).
-            - Composes with :class:`~sentence_transformers.losses.MatryoshkaLoss` in both modes: the loss always
-              back-propagates from a hook (``uses_gradient_cache`` is True), so MatryoshkaLoss decorates
-              :meth:`calculate_loss` and never patches ``model.forward`` (whose patch drops ``dataset_embeddings``).
-
-        Example:
-            ::
-
-                from datasets import Dataset
-                from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-
-                from cde_st import ContextualSentenceTransformer
-                from cde_st.losses import FilteredInfoNCELoss
-
-                model = ContextualSentenceTransformer.from_encoder("sentence-transformers/all-MiniLM-L6-v2", context_size=64)
-                train_dataset = Dataset.from_dict({
-                    "anchor": ["what causes rain?", "who wrote hamlet?", "how do vaccines work?"],
-                    "positive": [
-                        "Rain forms when water vapour condenses into droplets.",
-                        "Hamlet is a tragedy written by William Shakespeare.",
-                        "Vaccines train the immune system to recognise a pathogen.",
-                    ],
-                })
-                loss = FilteredInfoNCELoss(model, mini_batch_size=32)
-                args = SentenceTransformerTrainingArguments(
-                    output_dir="cde-out",
-                    per_device_train_batch_size=512,
-                    prompts={"anchor": "search_query: ", "positive": "search_document: "},
-                )
-                trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
-                trainer.train()
-        """
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}.")
