@@ -157,6 +157,16 @@ def test_local_copy_of_an_mteb_task_reuses_its_definition(tmp_path):
     assert amazon.hf_subsets == ["en"] and amazon.metadata.eval_splits == ["test"]  # no validation file here
 
 
+def test_sickr_twin_evaluates_the_whole_corpus_like_mteb(tmp_path):
+    # mteb's SICK-R "test" split is all of SICK (train + trial + test); a local copy keeps SICK's splits
+    folder = make_sts(tmp_path, "sickr")
+    (folder / "train.jsonl").write_text((folder / "test.jsonl").read_text())
+    task = load_local_task(folder)
+    assert type(task).__mro__[2].__name__ == "SickrSTS" and task.metadata.eval_splits == ["test"]
+    task.load_data()
+    assert len(task.dataset["test"]) == 22
+
+
 @pytest.mark.parametrize(
     ("content", "fields", "message"),
     [

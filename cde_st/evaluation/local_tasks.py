@@ -62,6 +62,15 @@ MTEB_TWINS: dict[str, tuple[str, str]] = {
     "twitterurlcorpus": ("TwitterURLCorpus", "default"),
 }
 
+#: Twins whose mteb split is made of several original splits, joined from the local files that exist. mteb's SICK-R
+#: "test" is the whole SICK corpus (9,927 pairs = train 4,500 + trial 500 + test 4,927); mteb's TwitterURLCorpus
+#: "test" is the whole Twitter URL corpus (51,534 pairs = train 42,200 + test 9,324 of Lan et al., 2017). Local
+#: folders keep the original splits.
+TWIN_SPLIT_FILES: dict[str, dict[str, tuple[str, ...]]] = {
+    "sickr": {"test": ("train", "trial", "test")},
+    "twitterurlcorpus": {"test": ("train", "test")},
+}
+
 _SPLIT_PREFERENCE = ("test", "dev", "validation", "val")
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 
@@ -362,12 +371,19 @@ _SPLIT_LOADERS = {
 
 @dataclass(frozen=True)
 class LocalTaskSource:
-    """Where a local task's data lives and how to read it."""
+    """Where a local task's data lives and how to read it (``split_files``: mteb split -> local files to join)."""
 
     folder: Path
     kind: str
     hf_subset: str = "default"
     train_split: str | None = None
+    split_files: dict[str, tuple[str, ...]] | None = None
+
+    def files_of(self, split: str) -> list[str]:
+        """The local splits (files) making up mteb split ``split``, those that exist."""
+        wanted = (self.split_files or {}).get(split, (split,))
+        present = available_splits(self.folder, self.kind)
+        return [name for name in wanted if name in present] or [split]
 
 
 class _LocalDataMixin:
@@ -386,9 +402,14 @@ class _LocalDataMixin:
         if source.kind == "retrieval":
             data: Any = {source.hf_subset: {split: load(source.folder, split) for split in splits}}
         else:
-            from datasets import DatasetDict
+            from datasets import DatasetDict, concatenate_datasets
 
-            data = DatasetDict({split: load(source.folder, split) for split in splits})
+            data = DatasetDict(
+                {
+                    split: concatenate_datasets([load(source.folder, name) for name in source.files_of(split)])
+                    for split in splits
+                }
+            )
             if self.metadata.is_multilingual:
                 data = {source.hf_subset: data}
         self.dataset = data
@@ -461,7 +482,10 @@ def load_local_task(
     else:
         twin_name, hf_subset = twin, "default"
 
+    split_files = TWIN_SPLIT_FILES.get(folder.name) if twin is None and twin_name else None
     present = available_splits(folder, kind)
+    if split_files:  # an mteb split counts as present when one of its files is
+        present = sorted(set(present) | {s for s, files in split_files.items() if set(files) & set(present)})
     dataset = {"path": str(folder), "revision": f"local-{folder_fingerprint(folder)}"}
     if twin_name:
         twin_task = mteb.get_task(twin_name)
@@ -508,7 +532,9 @@ def load_local_task(
         train_split = getattr(base, "train_split", "train")
         if train_split not in present:
             raise LocalDataError(f"{folder}: classification needs {train_split}.jsonl to fit the classifier.")
-    source = LocalTaskSource(folder=folder, kind=kind, hf_subset=hf_subset, train_split=train_split)
+    source = LocalTaskSource(
+        folder=folder, kind=kind, hf_subset=hf_subset, train_split=train_split, split_files=split_files
+    )
     cls = type(
         f"Local{base.__name__}",
         (_LocalDataMixin, base),

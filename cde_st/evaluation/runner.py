@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from cde_st.context import sample_context
 from cde_st.evaluation.local_tasks import find_local_task, list_local_tasks, load_local_task
 from cde_st.evaluation.pools import CONTEXT_MODES, ContextPlan, context_pool, unique_texts
@@ -345,7 +347,7 @@ def evaluate_model(
     cache = mteb.ResultCache(cache_path=str(Path(output_dir).expanduser())) if output_dir is not None else None
     encode_kwargs = {"batch_size": batch_size, "show_progress_bar": show_progress_bar}
     try:
-        for task in resolved:
+        for task in tqdm(resolved, desc="Tasks", unit="task", disable=not show_progress_bar or len(resolved) < 2):
             preloaded = task.data_loaded
             _load_task_data(task, data_dir)
             for wrapper, run in zip(wrappers, runs):
