@@ -463,7 +463,7 @@ def test_contextual_model_context_from_the_right_pool(data_dir, tmp_path, make_t
 
     def spy(model, texts, seed, prompt, batch_size=32):
         seen.append((list(texts), prompt))
-        original(model, texts, seed=seed, prompt=prompt, batch_size=batch_size)
+        return original(model, texts, seed=seed, prompt=prompt, batch_size=batch_size)
 
     monkeypatch.setattr(wrapper, "_set_model_context", spy)
     result = evaluate_model(
@@ -489,7 +489,7 @@ def test_contextual_model_context_from_the_right_pool(data_dir, tmp_path, make_t
         (sample_context(train, 8, 1), "classification: "),
     ]
     log = {r.context_size: r.context_log for r in result.runs}
-    assert log[0] == [{"task": "tinyret", "subset": "default", "split": "test", "size": 0}]
+    assert [(e["task"], e["size"]) for e in log[0]] == [("tinyret", 0), ("tinycls", 0)]
     assert [e["task"] for e in log[8]] == ["tinyret", "tinycls"] and log[8][0]["pool_size"] == 12
     assert model.context_info is None  # the run leaves no context behind
     # the settings are part of the result path, so runs never collide
@@ -547,3 +547,32 @@ def test_contextual_context_changes_scores_and_random_mode(data_dir, tmp_path, m
     assert fixed.runs[0].experiment_kwargs["random_corpus"] == "tinyclu"
     with pytest.raises(ValueError, match="exceed"):
         evaluate_model(model, ["tinysts"], data_dir=data_dir, output_dir=None, context_size=9)
+
+
+def test_sweep_runs_never_see_each_others_context(data_dir, make_tiny_cde, monkeypatch):
+    """Runs of a sweep share one model: each encode must see exactly its own run's context (J=0: none)."""
+    from cde_st.evaluation import evaluate_model
+    from cde_st.evaluation.wrapper import ContextualEncoderWrapper
+
+    model = make_tiny_cde(context_size=8)
+    seen = []
+    original = ContextualEncoderWrapper._ensure_context
+
+    def spy(self, task_metadata, hf_subset, hf_split):
+        original(self, task_metadata, hf_subset, hf_split)
+        info = model.context_info
+        seen.append((self.plan.size, task_metadata.name, None if info is None else info.size))
+
+    monkeypatch.setattr(ContextualEncoderWrapper, "_ensure_context", spy)
+    evaluate_model(
+        model,
+        ["tinysts", "tinyclu", "tinypair"],
+        data_dir=data_dir,
+        output_dir=None,
+        batch_size=8,
+        context_size=[0, 8],
+        show_progress_bar=False,
+    )
+    assert {task for _, task, _ in seen} == {"tinysts", "tinyclu", "tinypair"}
+    assert all(info is None for size, _, info in seen if size == 0)
+    assert all(info == 8 for size, _, info in seen if size == 8)

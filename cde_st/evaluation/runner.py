@@ -365,6 +365,7 @@ def evaluate_model(
                         show_progress_bar=False,
                         co2_tracker=False,
                     )
+                wrapper.release()
                 if result.exceptions:
                     raise RuntimeError(f"Task {task.metadata.name} failed: {result.exceptions[0].exception}")
                 task_result = result.task_results[0]

@@ -107,7 +107,7 @@ def is_contextual_model(model: Any) -> bool:
     return bool(is_contextual(model))
 
 
-def _set_model_context(model: Any, texts: list[str], seed: int, prompt: str, batch_size: int = 32) -> None:
+def _set_model_context(model: Any, texts: list[str], seed: int, prompt: str, batch_size: int = 32) -> Any:
     """Make the already-sampled ``texts`` (J of them) the model's active context, prefixed with ``prompt``.
 
     With J equal to the model's context slots, ``cde_st.set_context`` samples all of them back (same documents);
@@ -122,16 +122,21 @@ def _set_model_context(model: Any, texts: list[str], seed: int, prompt: str, bat
             f"choose J <= {module.context_size}."
         )
     if len(texts) == module.context_size:
-        set_context(model, texts, seed=seed, prompt=prompt, batch_size=batch_size)
-    else:
-        vectors = module.embed_context_texts([prompt + t for t in texts], batch_size=batch_size)
-        set_context(model, vectors)
+        return set_context(model, texts, seed=seed, prompt=prompt, batch_size=batch_size)
+    vectors = module.embed_context_texts([prompt + t for t in texts], batch_size=batch_size)
+    return set_context(model, vectors)
 
 
 def _clear_model_context(model: Any) -> None:
     from cde_st import contextual_module
 
     contextual_module(model).clear_context()
+
+
+def _model_context_info(model: Any) -> Any:
+    from cde_st import contextual_module
+
+    return contextual_module(model).context_info
 
 
 class ContextualEncoderWrapper(AbsEncoder):
@@ -157,7 +162,10 @@ class ContextualEncoderWrapper(AbsEncoder):
         self.prefixes = prefixes
         self.mteb_model_meta = model_meta
         self.contextual = is_contextual_model(model)
+        # What this wrapper last put on the model, and the ContextInfo object the model then held: the model may
+        # be shared (a sweep runs one wrapper per J), so the state counts only while the model still holds it.
         self._active_context: tuple[Any, ...] | None = None
+        self._active_info: Any = None
         self.context_log: list[dict[str, Any]] = []
         self.batch_size = 32
 
@@ -206,20 +214,33 @@ class ContextualEncoderWrapper(AbsEncoder):
         prompts = {k: v for k, v in (getattr(self.model, "prompts", None) or {}).items() if v}
         return get_prompt(prompts or None, task_metadata, prompt_type)
 
+    def _context_prompt(self, task_metadata: TaskMetadata) -> str:
+        """The prefix of the task's context documents: whatever its documents are encoded with."""
+        if self.prefixes is not None:
+            return self.prefixes.for_context(task_metadata.type)
+        from mteb.types import PromptType
+
+        role = PromptType.document if task_metadata.type in RETRIEVAL_TYPES else None
+        return self._prompt(task_metadata, role) or ""
+
     def _ensure_context(self, task_metadata: TaskMetadata, hf_subset: str, hf_split: str) -> None:
         choice: ContextChoice | None = None
         if self.plan is not None:
             choice = self.plan.choose(task_metadata.name, hf_subset, hf_split)
+        holds_ours = _model_context_info(self.model) is self._active_info
         if choice is None:
-            if self._active_context != ("none",):
+            if self._active_context != ("none",) or not holds_ours:
                 _clear_model_context(self.model)
+                self._active_info = None
                 self._active_context = ("none",)
                 self.context_log.append({"task": task_metadata.name, "subset": hf_subset, "split": hf_split, "size": 0})
             return
-        prompt = self.prefixes.for_context(task_metadata.type) if self.prefixes is not None else ""
+        prompt = self._context_prompt(task_metadata)
         state = (choice.key, choice.fingerprint, prompt)
-        if state != self._active_context:
-            _set_model_context(self.model, choice.texts, seed=choice.seed, prompt=prompt, batch_size=self.batch_size)
+        if state != self._active_context or not holds_ours:
+            self._active_info = _set_model_context(
+                self.model, choice.texts, seed=choice.seed, prompt=prompt, batch_size=self.batch_size
+            )
             self._active_context = state
             self.context_log.append(
                 {
@@ -239,7 +260,8 @@ class ContextualEncoderWrapper(AbsEncoder):
         """Clear the context this wrapper set on a contextual model."""
         if self.contextual and self._active_context is not None:
             _clear_model_context(self.model)
-            self._active_context = None
+        self._active_context = None
+        self._active_info = None
 
 
 def embedding_dimension(model: Any) -> int | None:
