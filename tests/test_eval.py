@@ -155,6 +155,11 @@ def test_local_copy_of_an_mteb_task_reuses_its_definition(tmp_path):
     ]
     amazon = load_local_task(make_classification(tmp_path, "amazon_counterfactual_en"))
     assert amazon.hf_subsets == ["en"] and amazon.metadata.eval_splits == ["test"]  # no validation file here
+    other = make_classification(tmp_path, "my_reviews")
+    assert load_local_task(other, twin="AmazonCounterfactualClassification:de").hf_subsets == ["de"]
+    with pytest.raises(ValueError, match="name one as twin="):
+        load_local_task(other, twin="AmazonCounterfactualClassification")
+    assert type(load_local_task(other, twin="")).__mro__[2].__name__ == "AbsTaskClassification"
 
 
 def test_sickr_twin_evaluates_the_whole_corpus_like_mteb(tmp_path):

@@ -455,7 +455,8 @@ def load_local_task(
         folder: the task folder.
         name: task name in results (default: the folder name).
         kind: one of :data:`TASK_KINDS` (default: :func:`detect_kind`).
-        twin: mteb task whose definition to reuse (default: :data:`MTEB_TWINS` by folder name; ``""`` for none).
+        twin: mteb task whose definition to reuse, ``"Name"`` or ``"Name:subset"`` for a multilingual task
+            (default: :data:`MTEB_TWINS` by folder name; ``""`` for none).
         eval_splits: splits to evaluate (default: the twin's that exist locally; else the first of
             test/dev/validation found).
 
@@ -480,7 +481,8 @@ def load_local_task(
     if twin is None:
         twin_name, hf_subset = MTEB_TWINS.get(folder.name, ("", "default"))
     else:
-        twin_name, hf_subset = twin, "default"
+        twin_name, _, hf_subset = twin.partition(":")
+        hf_subset = hf_subset or "default"
 
     split_files = TWIN_SPLIT_FILES.get(folder.name) if twin is None and twin_name else None
     present = available_splits(folder, kind)
@@ -501,6 +503,10 @@ def load_local_task(
             "adapted_from": [twin_name],
         }
         if twin_task.metadata.is_multilingual:
+            if hf_subset not in twin_task.metadata.eval_langs:
+                raise ValueError(
+                    f"{twin_name} has subsets {twin_task.metadata.hf_subsets}: name one as twin='{twin_name}:<subset>'."
+                )
             update["eval_langs"] = {hf_subset: twin_task.metadata.eval_langs[hf_subset]}
         metadata = twin_task.metadata.model_copy(update=update)
     else:
