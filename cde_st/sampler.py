@@ -551,6 +551,10 @@ class ClusteredBatchSampler(DefaultBatchSampler):
     padded by repeating batches, as ``torch.utils.data.DistributedSampler`` does. Outside the trainer (a plain
     ``DataLoader`` per process), pass ``rank=`` to make the sampler keep only its own batches.
 
+    Options passed with ``functools.partial`` live in ``args.batch_sampler``, which the trainer pickles into
+    every checkpoint's ``training_args.bin``: prefer a model path (the default) to a model instance, and a plain
+    ``domains`` list to a large in-memory ``domain_dataset``; precomputed ``embeddings`` are stored there too.
+
     Caching: the clustering is stored under ``cache_dir`` (default ``~/.cache/cde_st/clusters``, or
     ``$CDE_ST_CACHE/clusters``), keyed by a hash of the texts, domains, surrogate and clustering parameters,
     so a restarted run does not embed or cluster again.
@@ -612,7 +616,8 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             args = SentenceTransformerTrainingArguments(
                 output_dir="checkpoints",
                 per_device_train_batch_size=32,
-                batch_sampler=partial(ClusteredBatchSampler, cluster_size=32, domain_dataset=data),
+                # or domain_dataset=data: the same domains, read from its "domain" column
+                batch_sampler=partial(ClusteredBatchSampler, cluster_size=32, domains=list(data["domain"])),
             )
             trainer = SentenceTransformerTrainer(
                 model=model,

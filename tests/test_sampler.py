@@ -414,6 +414,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # two fresh Python processes: import time dominates
 def test_two_process_gloo_run_broadcasts_clustering_and_shards(tmp_path):
     """Two real processes: rank 0's clustering is broadcast; accelerate gives each rank disjoint batches."""
     script = tmp_path / "dist_sampler.py"
