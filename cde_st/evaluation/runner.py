@@ -309,13 +309,13 @@ def evaluate_model(
 
     if context not in CONTEXT_MODES:
         raise ValueError(f"Unknown context mode {context!r}; choose one of {CONTEXT_MODES}.")
-    spec = model if isinstance(model, (str, Path)) else None
-    if spec is not None:
-        model = load_model(spec, device=device)
-    resolved = [resolve_task(t, data_dir, eval_splits) for t in tasks]
+    resolved = [resolve_task(t, data_dir, eval_splits) for t in tasks]  # before loading the model: fail fast
     names = [t.metadata.name for t in resolved]
     if len(set(names)) != len(names):
         raise ValueError(f"Duplicate tasks in {names}.")
+    spec = model if isinstance(model, (str, Path)) else None
+    if spec is not None:
+        model = load_model(spec, device=device)
 
     contextual = is_contextual_model(model)
     sizes = _context_sizes(model, contextual, context, context_size)
