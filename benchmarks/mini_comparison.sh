@@ -2,7 +2,8 @@
 # Issue 6: the paper's Table-1 pattern at CPU scale. Trains (b), (c), (d) with the `mini` preset (same data, same
 # steps; scifact_train excluded so SciFact is out of domain), then scores (a)-(d) on SciFact test with the eval kit.
 # No task prefixes anywhere (MiniLM was trained without them), so the models differ only in what is compared.
-# Usage: bash benchmarks/mini_comparison.sh [train|eval|all]   (results: runs/mini-*/, docs/RESULTS.md)
+# Usage: bash benchmarks/mini_comparison.sh [train|eval|all]   (ONLY=d to evaluate one model; results: runs/)
+# All four are scored at max_seq_length 256 (the standard SciFact protocol), whatever length they were trained at.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -24,7 +25,8 @@ if [[ $what == eval || $what == all ]]; then
               c-bi-clustered-filtered:runs/mini-c-bi-clustered-filtered/final \
               d-cde-clustered-filtered:runs/mini-d-cde-clustered-filtered/final; do
     name=${spec%%:*}; path=${spec#*:}
+    [[ -n ${ONLY:-} && $name != ${ONLY}* ]] && continue
     python eval/run_mteb.py --model "$path" --model-name "cde-st/mini-$name" --tasks scifact \
-      --data-dir ../shared/data --prefixes off --batch-size 64 --output-dir "runs/eval-mini/$name" --quiet
+      --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --output-dir "runs/eval-mini/$name" --quiet
   done
 fi

@@ -56,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--revision", help="model revision in results (default: hash of the weights)")
     parser.add_argument("--no-overwrite", action="store_true", help="reuse existing results in --output-dir")
     parser.add_argument("--device", help="torch device (default: sentence-transformers' choice)")
+    parser.add_argument("--max-seq-length", type=int, help="token limit of the inputs (default: the model's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser.parse_args(argv)
 
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=not args.no_overwrite,
             show_progress_bar=not args.quiet,
             device=args.device,
+            max_seq_length=args.max_seq_length,
         )
     except (UnknownTaskError, LocalDataError, TaskDataError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -265,6 +265,7 @@ def evaluate_model(
     overwrite: bool = True,
     show_progress_bar: bool = True,
     device: str | None = None,
+    max_seq_length: int | None = None,
 ) -> EvaluationReport:
     """Evaluate a (contextual or plain) sentence-transformers model on mteb tasks and local task folders.
 
@@ -295,6 +296,7 @@ def evaluate_model(
         overwrite: re-run tasks whose results exist in ``output_dir`` (False: reuse them).
         show_progress_bar: progress bars while encoding.
         device: device for a model given by name.
+        max_seq_length: token limit of the inputs for this run (default: the model's own).
 
     Returns:
         An :class:`EvaluationReport` (scores per run and task, mteb ``TaskResult`` objects, files written).
@@ -316,6 +318,8 @@ def evaluate_model(
     spec = model if isinstance(model, (str, Path)) else None
     if spec is not None:
         model = load_model(spec, device=device)
+    if max_seq_length is not None:  # e.g. score models trained at different lengths at one length
+        model.max_seq_length = max_seq_length
 
     contextual = is_contextual_model(model)
     sizes = _context_sizes(model, contextual, context, context_size)
