@@ -615,6 +615,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             train_dataset = data.remove_columns("domain")  # the collator would feed it to the model
             args = SentenceTransformerTrainingArguments(
                 output_dir="checkpoints",
+                num_train_epochs=1,
                 per_device_train_batch_size=32,
                 # or domain_dataset=data: the same domains, read from its "domain" column
                 batch_sampler=partial(ClusteredBatchSampler, cluster_size=32, domains=list(data["domain"])),

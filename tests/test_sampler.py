@@ -550,8 +550,8 @@ def load_pairs(shared_data: Path, per_domain: int, seed: int = 0) -> Dataset:
 def test_real_pairs_clustered_batches_are_harder_than_random(shared_data, minilm, tmp_path):
     from cde_st._defaults import load_default_surrogate
 
-    pairs = load_pairs(shared_data, per_domain=32)
-    q, d = embed_pairs(load_default_surrogate(), pairs["query"], pairs["document"], max_seq_length=64)
+    pairs = load_pairs(shared_data, per_domain=48)  # 384 pairs from the 8 domains; short texts keep it fast
+    q, d = embed_pairs(load_default_surrogate(), pairs["query"], pairs["document"], max_seq_length=32)
     train = pairs.remove_columns("domain")
     sampler = ClusteredBatchSampler(
         train, 16, False, embeddings=(q, d), domain_dataset=pairs, cluster_size=16, cache_dir=tmp_path,
@@ -559,13 +559,23 @@ def test_real_pairs_clustered_batches_are_harder_than_random(shared_data, minilm
     )  # fmt: skip
     batches = list(sampler)
     assert rows_of(batches) == list(range(len(pairs)))
-    domains = pairs["domain"]
-    assert all(len({domains[i] for i in b}) == 1 for b in batches)
+    domains = np.array(pairs["domain"])
+    assert all(len(set(domains[b])) == 1 for b in batches)
     clustered = in_batch_negative_similarity(batches, q, d)
-    perm = np.random.default_rng(0).permutation(len(pairs))
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(len(pairs))
     random = in_batch_negative_similarity([perm[i : i + 16] for i in range(0, len(pairs), 16)], q, d)
-    # Measured about 0.30 vs 0.04 here; the margin leaves room for other subsamples.
-    assert clustered > random + 0.1, (clustered, random)
+    same_domain = [rng.permutation(np.flatnonzero(domains == x)) for x in sorted(set(domains))]
+    random_in_domain = in_batch_negative_similarity(
+        [r[i : i + 16] for r in same_domain for i in range(0, len(r), 16)], q, d
+    )
+    print(
+        f"real-pairs hardness: clustered {clustered:.3f}, random {random:.3f}, random in domain {random_in_domain:.3f}"
+    )
+    # Measured here: clustered 0.122, random 0.022, random within domain 0.095 (all 31k pairs at batch size 64 and
+    # full length: 0.283 / 0.022 / 0.090, benchmarks/RESULTS_sampler.md).
+    assert clustered > random + 0.07
+    assert clustered > random_in_domain + 0.01  # the clustering adds hardness beyond batching by domain
 
 
 @pytest.mark.slow
