@@ -425,7 +425,7 @@ def build_batch_sampler(cfg: TrainConfig, pairs):
         ClusteredBatchSampler,
         cluster_size=min(cfg.cluster_size or cfg.batch_size, len(pairs)),
         model=cfg.surrogate,
-        domain_dataset=pairs,
+        domains=list(pairs["domain"]),  # a plain list: the trainer pickles these options into every checkpoint
         query_column="query",
         document_column="document",
         max_seq_length=cfg.max_seq_length,  # the surrogate sees what the model sees (and it is much faster)
