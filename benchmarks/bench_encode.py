@@ -1,0 +1,84 @@
+"""Encoding throughput: plain all-MiniLM-L6-v2 bi-encoder vs the contextual model (context already set).
+
+    python benchmarks/bench_encode.py [--docs 1000] [--batch-size 32] [--max-seq-length 256] [--sizes 64 512]
+
+Encodes the first N SciFact documents (../shared/data) with each model (taking turns on slices of them, so that
+other load on the machine falls on all models alike) and prints docs/s and the ratio to the bi-encoder.
+Results are recorded in benchmarks/RESULTS_encode.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from sentence_transformers import SentenceTransformer  # noqa: E402
+
+from cde_st import ContextualSentenceTransformer  # noqa: E402
+from cde_st._defaults import default_surrogate_model_path  # noqa: E402
+
+SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "retrieval" / "scifact" / "corpus.jsonl.gz"
+
+
+def scifact_docs() -> list[str]:
+    with gzip.open(SCIFACT, "rt", encoding="utf-8") as f:
+        return [(r["title"] + " " + r["text"]).strip() for r in map(json.loads, f)]
+
+
+def interleaved_rates(models: dict, docs: list[str], batch_size: int, rounds: int) -> dict[str, float]:
+    """docs/s of each model on the same documents. The models take turns on each of ``rounds`` slices, so load
+    from other processes on this shared machine falls on all of them alike and the ratios stay meaningful."""
+    for model in models.values():
+        model.encode(docs[: 2 * batch_size], batch_size=batch_size)  # warm-up
+    seconds = dict.fromkeys(models, 0.0)
+    step = -(-len(docs) // rounds)
+    for start in range(0, len(docs), step):
+        chunk = docs[start : start + step]
+        for name, model in models.items():
+            t0 = time.perf_counter()
+            model.encode(chunk, batch_size=batch_size)
+            seconds[name] += time.perf_counter() - t0
+    return {name: len(docs) / s for name, s in seconds.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--docs", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-seq-length", type=int, default=256)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 512])
+    parser.add_argument("--rounds", type=int, default=4, help="slices the models take turns on")
+    args = parser.parse_args()
+
+    corpus = scifact_docs()
+    docs = corpus[: args.docs]
+    path = default_surrogate_model_path()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"threads {torch.get_num_threads()}; {len(docs)} SciFact docs, batch {args.batch_size}, "
+          f"max_seq_length {args.max_seq_length}")
+
+    models = {"all-MiniLM-L6-v2 bi-encoder": SentenceTransformer(path)}
+    for size in args.sizes:
+        model = ContextualSentenceTransformer.from_encoder(path, context_size=size, prompts={})
+        model.set_context(corpus, seed=0)  # context already set: only the second stage is timed
+        models[f"contextual, J = {size}"] = model
+    for model in models.values():
+        model.max_seq_length = args.max_seq_length
+    rates = interleaved_rates(models, docs, args.batch_size, args.rounds)
+    base_rate = rates["all-MiniLM-L6-v2 bi-encoder"]
+    print("| model | docs/s | ratio to bi-encoder |\n|---|---|---|")
+    for name, rate in rates.items():
+        print(f"| {name} | {rate:.1f} | {rate / base_rate:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
