@@ -581,3 +581,22 @@ def test_sweep_runs_never_see_each_others_context(data_dir, make_tiny_cde, monke
     assert {task for _, task, _ in seen} == {"tinysts", "tinyclu", "tinypair"}
     assert all(info is None for size, _, info in seen if size == 0)
     assert all(info == 8 for size, _, info in seen if size == 8)
+
+
+def test_contextual_model_without_slots_scores_like_its_plain_encoder(data_dir, tiny_bert_dir, tiny_plain_model):
+    """A CDE model with J = 0 slots, an identity output head and no prompts is its backbone: the kit must give
+    the same scores for it as for the plain bi-encoder (the real-MiniLM version of this is in docs/RESULTS.md)."""
+    from cde_st import ContextualSentenceTransformer
+    from cde_st.evaluation import evaluate_model
+
+    cde = ContextualSentenceTransformer.from_encoder(
+        tiny_bert_dir, context_size=0, output_head="residual_mlp", max_seq_length=64, prompts={}
+    )
+    cde.eval()
+    kwargs = dict(data_dir=data_dir, output_dir=None, batch_size=8, show_progress_bar=False)
+    plain = evaluate_model(tiny_plain_model, ["tinyret", "tinysts"], **kwargs)
+    contextual = evaluate_model(cde, ["tinyret", "tinysts"], prefixes=False, **kwargs)
+    for task in ("tinyret", "tinysts"):
+        assert contextual.score(task) == pytest.approx(plain.score(task), abs=1e-4)
+    prefixed = evaluate_model(cde, ["tinysts"], **kwargs)  # prefixes default on for contextual models
+    assert prefixed.runs[0].experiment_kwargs["prefixes"] == "nomic"
