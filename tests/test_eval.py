@@ -600,3 +600,25 @@ def test_contextual_model_without_slots_scores_like_its_plain_encoder(data_dir, 
         assert contextual.score(task) == pytest.approx(plain.score(task), abs=1e-4)
     prefixed = evaluate_model(cde, ["tinysts"], **kwargs)  # prefixes default on for contextual models
     assert prefixed.runs[0].experiment_kwargs["prefixes"] == "nomic"
+
+
+def test_full_and_partial_context_paths_agree(make_tiny_cde):
+    """J = slots goes through set_context(texts), J < slots through first-stage vectors: same documents and
+    prompt must give the same context either way."""
+    from cde_st import contextual_module, set_context
+    from cde_st.evaluation.wrapper import _set_model_context
+
+    model = make_tiny_cde(context_size=8)
+    docs = [f"{TOPICS[i % 4]} context {i}" for i in range(8)]
+    probe = ["what falls from clouds?", "a cat"]
+    info = _set_model_context(model, docs, seed=0, prompt="p: ")
+    assert info.size == 8 and model.context_info is info
+    full = model.encode(probe, prompt="")
+    vectors = contextual_module(model).embed_context_texts(["p: " + d for d in docs])
+    set_context(model, vectors)
+    np.testing.assert_allclose(model.encode(probe, prompt=""), full, atol=1e-5)
+    partial = _set_model_context(model, docs[:3], seed=0, prompt="p: ")
+    assert partial.size == 3  # the other 5 slots hold the null vector
+    assert not np.allclose(model.encode(probe, prompt=""), full, atol=1e-3)
+    with pytest.raises(ValueError, match="exceeds the model's 8 context slots"):
+        _set_model_context(model, docs + ["one more"], seed=0, prompt="")
