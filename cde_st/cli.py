@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -54,8 +55,112 @@ def train_main(argv: list[str] | None = None) -> None:
     train(cfg, resume=args.resume)
 
 
-def eval_main(argv: list[str] | None = None) -> None:
-    """Same as ``python eval/run_mteb.py``."""
-    from cde_st.evaluation.cli import main
+EVAL_DESCRIPTION = r"""Evaluate a CDE (or any sentence-transformers) model on MTEB tasks with per-task corpus context.
 
-    sys.exit(main(argv))
+    python eval/run_mteb.py --model PATH_OR_NAME --tasks scifact stsbenchmark --data-dir ../shared/data
+    python eval/run_mteb.py --model my-cde --tasks scifact --data-dir ../shared/data --context-size 0 16 64 256
+    python eval/run_mteb.py --model my-cde --tasks scifact --data-dir ../shared/data --context random \
+        --random-corpus classification/tweet_sentiment_extraction
+
+Tasks are mteb task names (data from the Hugging Face hub) or local folders in the formats of ../shared/data (a
+path, or a folder name found under --data-dir). Results: mteb JSON under OUTPUT_DIR/results/, summary tables
+(Markdown + CSV; per task and per task type as in the CDE paper's Table 2) under OUTPUT_DIR/summary/, and for
+several --context-size values a sweep table and plot. All logic lives in cde_st.evaluation.
+"""
+
+
+def _eval_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cde-st-eval", description=EVAL_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True, help="model folder or hub id")
+    parser.add_argument("--tasks", nargs="+", required=True, help="mteb task names, local folders or local names")
+    parser.add_argument("--data-dir", help="root of local task folders (e.g. ../shared/data)")
+    parser.add_argument("--context-size", type=int, nargs="+", help="J (several: a sweep); default: the model's")
+    parser.add_argument("--context-seed", type=int, default=0, help="seed of the context sampling (default 0)")
+    parser.add_argument(
+        "--context",
+        choices=["corpus", "random", "none"],
+        default="corpus",
+        help="corpus: the task's own pool; random: another corpus; none: null context",
+    )
+    parser.add_argument(
+        "--random-corpus",
+        help="fixed corpus for --context random (task, folder, .txt/.jsonl); default: the other tasks' pools",
+    )
+    parser.add_argument(
+        "--prefixes",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="task prefixes (auto: on for contextual models, off for plain ones)",
+    )
+    parser.add_argument(
+        "--prefix",
+        action="append",
+        default=[],
+        metavar="ROLE=TEXT",
+        help="override a prefix: query, document, classification, clustering, symmetric",
+    )
+    parser.add_argument("--output-dir", default="mteb_results", help="results folder (default: mteb_results)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--eval-splits", nargs="+", help="evaluate these splits instead of the task defaults")
+    parser.add_argument("--model-name", help="model name in results (org/name)")
+    parser.add_argument("--revision", help="model revision in results (default: hash of the weights)")
+    parser.add_argument("--no-overwrite", action="store_true", help="reuse existing results in --output-dir")
+    parser.add_argument("--device", help="torch device (default: sentence-transformers' choice)")
+    parser.add_argument("--max-seq-length", type=int, help="token limit of the inputs (default: the model's)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def eval_run(argv: list[str] | None = None) -> int:
+    """Run ``cde-st-eval`` / ``python eval/run_mteb.py`` on ``argv``; returns the exit status."""
+    args = _eval_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("mteb", "datasets", "httpx", "urllib3", "sentence_transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    from cde_st.evaluation.local_tasks import LocalDataError
+    from cde_st.evaluation.runner import TaskDataError, UnknownTaskError, evaluate_model
+
+    overrides = {}
+    for item in args.prefix:
+        role, sep, text = item.partition("=")
+        if not sep:
+            print(f"error: --prefix expects ROLE=TEXT, got {item!r}", file=sys.stderr)
+            return 2
+        overrides[role] = text
+    prefixes = {"auto": None, "on": True, "off": False}[args.prefixes]
+    try:
+        report = evaluate_model(
+            args.model,
+            args.tasks,
+            data_dir=args.data_dir,
+            context_size=args.context_size,
+            context_seed=args.context_seed,
+            context=args.context,
+            random_corpus=args.random_corpus,
+            prefixes=prefixes,
+            prefix_overrides=overrides or None,
+            output_dir=args.output_dir,
+            batch_size=args.batch_size,
+            model_name=args.model_name,
+            revision=args.revision,
+            eval_splits=args.eval_splits,
+            overwrite=not args.no_overwrite,
+            show_progress_bar=not args.quiet,
+            device=args.device,
+            max_seq_length=args.max_seq_length,
+        )
+    except (UnknownTaskError, LocalDataError, TaskDataError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    for kind, path in sorted(report.files.items()):
+        print(f"{kind}: {Path(path)}")
+    return 0
+
+
+def eval_main(argv: list[str] | None = None) -> None:
+    """Console entry point ``cde-st-eval`` (same as ``python eval/run_mteb.py``)."""
+    sys.exit(eval_run(argv))

@@ -428,6 +428,13 @@ def test_cli_reports_errors(data_dir, tmp_path, capsys):
     assert cli.main(["--model", str(tmp_path / "nope"), "--tasks", "tinyret", "--data-dir", str(data_dir)]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert cli.main(["--model", str(tmp_path), "--tasks", "tinyret", "--prefix", "oops"]) == 2
+    # the console entry point ``cde-st-eval`` runs the same command and exits with its status
+    from cde_st.cli import eval_main, eval_run
+
+    assert cli.main is eval_run
+    with pytest.raises(SystemExit) as exit_info:
+        eval_main(["--model", str(tmp_path / "nope"), "--tasks", "tinyret", "--data-dir", str(data_dir)])
+    assert exit_info.value.code == 2
 
 
 # ------------------------------------------------------------------------------------------------------------
