@@ -62,9 +62,11 @@ def main() -> None:
     corpus = scifact_docs()
     docs = corpus[: args.docs]
     path = default_surrogate_model_path()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}; {len(docs)} SciFact docs, batch {args.batch_size}, "
-          f"max_seq_length {args.max_seq_length}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}; {len(docs)} SciFact docs, batch {args.batch_size}, "
+        f"max_seq_length {args.max_seq_length}"
+    )
 
     models = {"all-MiniLM-L6-v2 bi-encoder": SentenceTransformer(path)}
     for size in args.sizes:

@@ -66,8 +66,10 @@ def main() -> None:
     )
     start = time.perf_counter()
     info = model.set_context(corpus, seed=0)  # samples J documents, runs the first stage once
-    print(f"context: {info.size} documents, seed {info.seed}, fingerprint {info.fingerprint} "
-          f"({time.perf_counter() - start:.1f}s)")
+    print(
+        f"context: {info.size} documents, seed {info.seed}, fingerprint {info.fingerprint} "
+        f"({time.perf_counter() - start:.1f}s)"
+    )
 
     docs = corpus[: args.max_docs]
     start = time.perf_counter()

@@ -36,7 +36,7 @@ DEFAULT_DOCUMENT_PROMPT = "search_document: "
 
 
 def _resolve_attn_implementation(name: str | None) -> str:
-    """"auto": flash-attention 2 when it is installed, a CUDA device is present and models are built in half
+    """With "auto": flash-attention 2 when it is installed, a CUDA device is present and models are built in half
     precision (flash-attention has no fp32 kernels), else PyTorch SDPA."""
     if name in (None, "auto"):
         half = torch.get_default_dtype() in (torch.float16, torch.bfloat16)
