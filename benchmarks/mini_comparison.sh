@@ -4,7 +4,7 @@
 # No task prefixes anywhere (MiniLM was trained without them), so the models differ only in what is compared.
 # Usage: bash benchmarks/mini_comparison.sh [train|eval|all|diagnose]   (ONLY=d to evaluate one model; results: runs/)
 # diagnose (after train): (d)'s context-size sweep and random-corpus context, all four at the training length 64,
-# the own-positive-in-context probe, and (c)/(d) retrained at length 128 (docs/RESULTS.md, issue 6).
+# the own-positive-in-context probe, and (c)/(d) retrained at length 128, for 2 epochs, with seed 1 (docs/RESULTS.md).
 # All four are scored at max_seq_length 256 (the standard SciFact protocol), whatever length they were trained at.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,11 +49,15 @@ if [[ $what == diagnose ]]; then
   done
   python benchmarks/probe_context_leak.py --model "a=$minilm" --model init=init:minilm:64 --model d=$d \
     --model c=runs/mini-c-bi-clustered-filtered/final
-  for spec in d:contextual c:biencoder; do
-    name=${spec%%:*}; kind=${spec#*:}
-    python train/train_cde.py --preset mini --output-dir runs/mini128-$name --set model=$kind batching=clustered \
-      filter_false_negatives=true max_seq_length=128 "${NOPROMPTS[@]}"
-    python eval/run_mteb.py --model runs/mini128-$name/final --model-name cde-st/mini128-$name --tasks scifact \
-      --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --output-dir runs/eval-mini128/$name --quiet
+  # (c) and (d) again: at length 128, for two epochs, and with another seed (another 4,096-pair sample)
+  for variant in "128:max_seq_length=128" "2ep:num_train_epochs=2" "seed1:seed=1"; do
+    tag=${variant%%:*}; setting=${variant#*:}
+    for spec in d:contextual c:biencoder; do
+      name=${spec%%:*}; kind=${spec#*:}
+      python train/train_cde.py --preset mini --output-dir runs/mini$tag-$name --set model=$kind batching=clustered \
+        filter_false_negatives=true "$setting" "${NOPROMPTS[@]}"
+      python eval/run_mteb.py --model runs/mini$tag-$name/final --model-name cde-st/mini$tag-$name --tasks scifact \
+        --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --output-dir runs/eval-mini$tag/$name --quiet
+    done
   done
 fi
