@@ -15,7 +15,7 @@ with training means the model learned to use the context as a lookup table for t
     python benchmarks/probe_context_leak.py --model d=runs/mini-d-cde-clustered-filtered/final \
         --model init=init:minilm:64 --model c=runs/mini-c-bi-clustered-filtered/final
 
-`init:minilm:J` builds the untrained contextual model exactly as the `mini` preset does (from_encoder, no prompts).
+`init:BASE:J` builds the untrained contextual model with the trainer's `build_model` (`mini` preset, no prompts).
 """
 
 from __future__ import annotations
@@ -28,19 +28,24 @@ import time
 import torch
 
 from cde_st import ContextualSentenceTransformer, is_contextual
-from cde_st._defaults import default_surrogate_model_path
 from cde_st.evaluation.local_tasks import load_retrieval_split
+from cde_st.training import TrainConfig, build_model
 
 
 def load_model(spec: str, max_seq_length: int):
     from sentence_transformers import SentenceTransformer
 
-    if spec.startswith("init:"):
+    if spec.startswith("init:"):  # the untrained model exactly as the trainer builds it
         _, base, size = spec.split(":")
-        path = default_surrogate_model_path() if base == "minilm" else base
-        model = ContextualSentenceTransformer.from_encoder(
-            path, context_size=int(size), max_seq_length=max_seq_length, query_prompt="", document_prompt=""
+        cfg = TrainConfig.from_preset(
+            "mini",
+            base_model=base,
+            context_size=int(size),
+            max_seq_length=max_seq_length,
+            query_prompt="",
+            document_prompt="",
         )
+        model = build_model(cfg)
     elif os.path.exists(os.path.join(spec, "cde_config.json")):
         model = ContextualSentenceTransformer(spec)
     else:
