@@ -8,14 +8,19 @@ It loads from a folder without ``trust_remote_code`` (its module classes are reg
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Normalize
 
 from cde_st.context import ContextInfo
 from cde_st.modules.contextual_transformer import ContextualTransformer
+from cde_st.released import PROMPTS as RELEASED_PROMPTS
+from cde_st.released import is_released_checkpoint, load_released, resolve_name
 
 _MODULE_CLASSES = {
     "cde_st.ContextualTransformer": ContextualTransformer,
@@ -77,12 +82,48 @@ class ContextualSentenceTransformer(SentenceTransformer):
 
     ``encode(..., dataset_embeddings=vectors)`` overrides the context for one call. With no context the model
     uses the null context (a plain bi-encoder) and warns once.
+
+    The released models load natively, without remote code (see :mod:`cde_st.released`)::
+
+        model = ContextualSentenceTransformer("jxm/cde-small-v2")   # or "cde-small", "cde-small-v1", a local copy
+        model.set_context(corpus_texts)                             # 512 documents, a small corpus tiled evenly
+
+    ``backbone_config=`` and ``tokenizer=`` override where a released model's backbone config and tokenizer come
+    from (default: files beside the released ones, else the ``embedder`` repo named in its config).
     """
 
     _module_classes = _MODULE_CLASSES
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        *,
+        backbone_config: str | dict | None = None,
+        tokenizer: Any = None,
+        **kwargs,
+    ) -> None:
+        hub = {k: kwargs.get(k) for k in ("revision", "cache_folder", "token")}
+        hub["local_files_only"] = bool(kwargs.get("local_files_only", False))
+        if model_name_or_path is not None and not kwargs.get("modules") and is_released_checkpoint(
+            str(model_name_or_path), **hub
+        ):
+            module = load_released(str(model_name_or_path), backbone_config=backbone_config, tokenizer=tokenizer, **hub)
+            for key in ("revision", "cache_folder", "token", "local_files_only", "trust_remote_code"):
+                kwargs.pop(key, None)
+            kwargs.setdefault("prompts", dict(RELEASED_PROMPTS))
+            kwargs.setdefault("similarity_fn_name", "cosine")
+            # The released cards L2-normalise the second-stage output.
+            super().__init__(modules=[module, Normalize()], **kwargs)
+            name = resolve_name(str(model_name_or_path))
+            if not os.path.isdir(os.path.expanduser(name)):
+                self.model_card_data.base_model = name  # a hub id (set directly: set_base_model queries the hub)
+        else:
+            if backbone_config is not None or tokenizer is not None:
+                raise ValueError(
+                    "backbone_config= and tokenizer= only apply to released CDE checkpoints (config.json with "
+                    f"transductive_corpus_size); {model_name_or_path!r} is not one."
+                )
+            super().__init__(model_name_or_path, **kwargs)
         if not is_contextual(self):
             first = type(self[0]).__name__ if len(self) else "nothing"
             raise ValueError(

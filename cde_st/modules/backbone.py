@@ -1,16 +1,23 @@
 """The context-injection seam: how a backbone embeds tokens and encodes a sequence with a prefix.
 
-Everything model-family specific lives here. :class:`~cde_st.modules.ContextualTransformer` only asks a backbone
-adapter two things: turn token ids into input vectors (with positions for the *text* only), and run the encoder
-over ``[context vectors ; text vectors]`` with a joint padding mask. A rotary backbone (ModernBERT) needs its own
-adapter (rotary angles for text positions only, none for the prefix) and nothing else changes.
+Everything model-family specific lives here. :class:`~cde_st.modules.ContextualTransformer` asks a backbone adapter
+to run the plain encoder (first stage), to turn token ids into input vectors, and to run the encoder layers over
+``[prefix vectors ; text vectors]`` with a joint padding mask and per-row positions.
+
+Positions. Absolute-position encoders (the BERT family) add positions inside their embedding layer, so only the
+text gets them; the prefix rows (context vectors, soft prompt) enter after it and carry none. Rotary encoders
+(ModernBERT, NomicBERT) rotate queries and keys inside every attention layer; the adapter receives one position
+per row of the joint sequence, where ``-1`` means "no rotation" (cos 1, sin 0), which keeps those rows a set.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import PreTrainedModel
-from transformers.masking_utils import create_bidirectional_mask
+from transformers.masking_utils import create_bidirectional_mask, create_bidirectional_sliding_window_mask
+
+#: Position id of a row that gets no rotary rotation (position-free context rows).
+NO_POSITION = -1
 
 
 class BackboneAdapter:
@@ -18,21 +25,56 @@ class BackboneAdapter:
 
     #: ``config.model_type`` values this adapter handles.
     model_types: tuple[str, ...] = ()
+    #: Whether positions are rotary (applied per layer, so prefix rows can be given positions or none).
+    rotary: bool = False
+    #: Extra keyword arguments for ``AutoModel.from_config`` / ``from_pretrained`` of this family.
+    model_kwargs: dict = {}
+
+    def forward(
+        self,
+        model: PreTrainedModel,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The plain encoder (first stage): (B, L) ids -> (B, L, d) last hidden state."""
+        return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     def embed_tokens(
         self, model: PreTrainedModel, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None
     ) -> torch.Tensor:
-        """(B, L) token ids -> (B, L, d) encoder inputs, text positions starting at 0."""
+        """(B, L) token ids -> (B, L, d) encoder inputs (the full embedding stage), text positions from 0."""
         raise NotImplementedError
+
+    def embed_tokens_unnormalised(self, model: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:
+        """What the released CDE code got from ``backbone.embeddings(input_ids)`` before handing the joint sequence
+        to ``backbone(inputs_embeds=...)``, which runs :meth:`embed_sequence` over it (released-compatible mode)."""
+        raise ValueError(f"{type(self).__name__} has no released-compatible (re-embedded joint sequence) mode.")
+
+    def embed_sequence(self, model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+        """What ``backbone(inputs_embeds=hidden)`` does to its inputs before the first layer."""
+        raise ValueError(f"{type(self).__name__} has no released-compatible (re-embedded joint sequence) mode.")
 
     def input_norm(self, model: PreTrainedModel) -> torch.nn.Module | None:
         """The normalisation applied to M2's input embeddings, if any (to initialise the context head's norm)."""
         return None
 
     def encode(
-        self, model: PreTrainedModel, hidden: torch.Tensor, attention_mask: torch.Tensor, num_prefix: int
+        self,
+        model: PreTrainedModel,
+        hidden: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        num_prefix: int,
+        local_attention_scope: str = "text",
     ) -> torch.Tensor:
-        """Run the encoder layers over (B, P + L, d) inputs whose first ``num_prefix`` rows are position-free."""
+        """Run the encoder layers over (B, P + L, d) inputs whose first ``num_prefix`` rows are the prefix.
+
+        ``position_ids`` (P + L,) holds one rotary position per row (``NO_POSITION``: no rotation); absolute-position
+        backbones ignore it. ``local_attention_scope`` ("text" or "sequence") matters for backbones with
+        sliding-window layers: "text" lets every row see the whole prefix and applies the window among text
+        tokens; "sequence" applies the window over the joint sequence (the released cde-small-v2).
+        """
         raise NotImplementedError
 
 
@@ -44,6 +86,12 @@ class BertAdapter(BackboneAdapter):
     """
 
     model_types = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
+    model_kwargs = {"add_pooling_layer": False}
+
+    def forward(self, model, input_ids, attention_mask, token_type_ids=None):
+        return model(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).last_hidden_state
 
     def embed_tokens(self, model, input_ids, token_type_ids):
         return model.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
@@ -51,14 +99,96 @@ class BertAdapter(BackboneAdapter):
     def input_norm(self, model):
         return getattr(model.embeddings, "LayerNorm", None)
 
-    def encode(self, model, hidden, attention_mask, num_prefix):
+    def encode(self, model, hidden, attention_mask, position_ids, num_prefix, local_attention_scope="text"):
         # A 2-D padding mask becomes whatever the configured attention implementation wants
         # (4-D additive mask for eager, boolean for SDPA, None/unpadding info for flash-attention).
         mask = create_bidirectional_mask(config=model.config, inputs_embeds=hidden, attention_mask=attention_mask)
         return model.encoder(hidden, attention_mask=mask).last_hidden_state
 
 
-_ADAPTERS: list[BackboneAdapter] = [BertAdapter()]
+def _rotary(cos_sin: tuple[torch.Tensor, torch.Tensor], position_ids: torch.Tensor):
+    """Make rows with ``NO_POSITION`` rotate by zero (cos 1, sin 0): their queries and keys pass unchanged."""
+    cos, sin = cos_sin
+    free = (position_ids < 0).view(1, -1, 1)
+    return torch.where(free, torch.ones_like(cos), cos), torch.where(free, torch.zeros_like(sin), sin)
+
+
+class NomicBertAdapter(BackboneAdapter):
+    """NomicBERT (``nomic_bert``; cde-small-v1's backbone): post-norm blocks, SwiGLU, rotary positions along the
+    sequence. Its embedding stage is ``LayerNorm(word + token_type)``."""
+
+    model_types = ("nomic_bert",)
+    rotary = True
+
+    def embed_tokens(self, model, input_ids, token_type_ids):
+        return model.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+
+    def embed_tokens_unnormalised(self, model, input_ids):
+        # NomicBERT's own embedding module (as the released code called it) is word + token_type[0], without emb_ln.
+        emb = model.embeddings
+        return emb.word_embeddings(input_ids) + emb.token_type_embeddings(torch.zeros_like(input_ids))
+
+    def embed_sequence(self, model, hidden):
+        return model.embeddings(inputs_embeds=hidden)  # LayerNorm(hidden + token_type[0])
+
+    def input_norm(self, model):
+        return model.embeddings.LayerNorm
+
+    def encode(self, model, hidden, attention_mask, position_ids, num_prefix, local_attention_scope="text"):
+        mask = create_bidirectional_mask(config=model.config, inputs_embeds=hidden, attention_mask=attention_mask)
+        cos_sin = _rotary(model.rotary_emb(hidden, position_ids.clamp(min=0).unsqueeze(0)), position_ids)
+        for layer in model.layers[: model.config.num_hidden_layers]:
+            hidden = layer(hidden, attention_mask=mask, position_embeddings=cos_sin)
+        return hidden
+
+
+class ModernBertAdapter(BackboneAdapter):
+    """ModernBERT (``modernbert``; cde-small-v2's backbone): pre-norm blocks, GeGLU, rotary positions with one
+    theta for global and one for local (sliding-window) layers, a final norm. Its embedding stage is
+    ``LayerNorm(tok)``."""
+
+    model_types = ("modernbert",)
+    rotary = True
+
+    def embed_tokens(self, model, input_ids, token_type_ids):
+        return model.embeddings(input_ids=input_ids)
+
+    def embed_tokens_unnormalised(self, model, input_ids):
+        # ModernBERT's embedding module already normalises: the released code normalised the text twice.
+        return model.embeddings(input_ids=input_ids)
+
+    def embed_sequence(self, model, hidden):
+        return model.embeddings(inputs_embeds=hidden)  # LayerNorm(hidden)
+
+    def input_norm(self, model):
+        return model.embeddings.norm
+
+    def encode(self, model, hidden, attention_mask, position_ids, num_prefix, local_attention_scope="text"):
+        config = model.config
+        masks = {"full_attention": create_bidirectional_mask(config, hidden, attention_mask)}
+        if "sliding_attention" in config.layer_types:
+            if local_attention_scope == "sequence":
+                masks["sliding_attention"] = create_bidirectional_sliding_window_mask(config, hidden, attention_mask)
+            else:
+                # The window applies among text tokens; every row sees every prefix row and vice versa.
+                def prefix_visible(batch_idx, head_idx, q_idx, kv_idx):
+                    return (q_idx < num_prefix) | (kv_idx < num_prefix)
+
+                masks["sliding_attention"] = create_bidirectional_sliding_window_mask(
+                    config, hidden, attention_mask, or_mask_function=prefix_visible
+                )
+        positions = position_ids.clamp(min=0).unsqueeze(0)
+        cos_sin = {t: _rotary(model.rotary_emb(hidden, positions, t), position_ids) for t in set(config.layer_types)}
+        for layer in model.layers:
+            hidden = layer(
+                hidden,
+                attention_mask=masks[layer.attention_type],
+                position_embeddings=cos_sin[layer.attention_type],
+            )
+        return model.final_norm(hidden)
+
+
+_ADAPTERS: list[BackboneAdapter] = [BertAdapter(), NomicBertAdapter(), ModernBertAdapter()]
 
 
 def get_adapter(model_type: str) -> BackboneAdapter:
@@ -68,6 +198,6 @@ def get_adapter(model_type: str) -> BackboneAdapter:
             return adapter
     supported = sorted(t for a in _ADAPTERS for t in a.model_types)
     raise ValueError(
-        f"Backbone type {model_type!r} is not supported yet; supported: {supported}. "
+        f"Backbone type {model_type!r} is not supported yet; supported: {sorted(supported)}. "
         "Add a BackboneAdapter in cde_st/modules/backbone.py for it."
     )

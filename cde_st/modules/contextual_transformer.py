@@ -27,8 +27,15 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as transformers_logging
 
-from cde_st.context import ContextInfo, fingerprint_array, fingerprint_texts, sample_context, validate_texts
-from cde_st.modules.backbone import get_adapter
+from cde_st.context import (
+    ContextInfo,
+    fingerprint_array,
+    fingerprint_texts,
+    sample_context,
+    sample_indices,
+    validate_texts,
+)
+from cde_st.modules.backbone import NO_POSITION, get_adapter
 
 CONTEXT_FILE = "context.safetensors"
 DEFAULT_QUERY_PROMPT = "search_query: "
@@ -44,6 +51,11 @@ def _resolve_attn_implementation(name: str | None) -> str:
             return "flash_attention_2"
         return "sdpa"
     return name
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
 
 
 def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -78,8 +90,24 @@ def _build_encoder(config: dict | Any, attn_implementation: str | None) -> PreTr
         config = dict(config)
         config = AutoConfig.for_model(config.pop("model_type"), **config)
     return AutoModel.from_config(
-        config, attn_implementation=_resolve_attn_implementation(attn_implementation), add_pooling_layer=False
+        config,
+        attn_implementation=_resolve_attn_implementation(attn_implementation),
+        **get_adapter(config.model_type).model_kwargs,
     )
+
+
+class _SoftPrompt(nn.Module):
+    """``n`` learned prompt vectors between the context and the text: ``projection(ones(d))`` reshaped to (n, d),
+    with projection = Linear(d, d) -> ReLU -> Linear(d, n * d), as in the released CDE models."""
+
+    def __init__(self, d: int, n: int):
+        super().__init__()
+        self.n = n
+        self.projection = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, n * d))
+
+    def forward(self) -> torch.Tensor:
+        weight = self.projection[0].weight
+        return self.projection(weight.new_ones(weight.shape[1])).view(self.n, -1)  # (n, d)
 
 
 class ContextualTransformer(InputModule):
@@ -105,6 +133,24 @@ class ContextualTransformer(InputModule):
         attn_implementation: "sdpa", "eager", "flash_attention_2", or "auto" (flash-attention 2 when installed
             (``pip install cde_st[flash]``) on a CUDA machine with a half-precision default dtype, else SDPA).
 
+    Released-checkpoint compatibility (``cde_st.released`` sets these for cde-small-v1/v2; the defaults keep
+    cde_st's own position-free design):
+        soft_prompt_tokens: learned prompt vectors between the context and the text (released: 8; ours: 0).
+        prefix_positions: rotary positions of the prefix rows. "none" (ours): context and soft prompt get no
+            rotation and the text counts from 0, so the context is a set. "sequence" (cde-small-v2): every row
+            counts along the joint sequence, text from J + n_prompt. "sequence_except_context" (cde-small-v1 as
+            NomicBERT applies rotary): like "sequence", but the J context rows get no rotation.
+        embed_joint_sequence: run the backbone's input-embedding stage over the whole joint sequence after the
+            text's own embedding, as the released code did (v2: the text is LayerNormed twice; v1: the text gets
+            two token-type embeddings), so prefix rows get it once.
+        local_attention_scope: sliding-window layers (ModernBERT): "text" (ours: the window applies among text
+            tokens, the whole prefix stays visible) or "sequence" (cde-small-v2: the window runs over the joint
+            sequence, so local layers see only the last prefix rows).
+        pool_skip_instruction: a delimiter (cde-small-v2: ": "); mean pooling then skips every position up to and
+            including the first token of ``tokenizer.encode(delimiter)`` after position 0 (the task instruction).
+        context_padding: how fewer than J given vectors fill the slots: "null" (learned null vector) or "tile"
+            (repeat them evenly, as the released models, which never saw null slots, expect).
+
     Example:
         >>> from cde_st import ContextualSentenceTransformer
         >>> model = ContextualSentenceTransformer.from_encoder("sentence-transformers/all-MiniLM-L6-v2", context_size=64)
@@ -127,6 +173,12 @@ class ContextualTransformer(InputModule):
         "query_prompt",
         "document_prompt",
         "attn_implementation",
+        "soft_prompt_tokens",
+        "prefix_positions",
+        "embed_joint_sequence",
+        "local_attention_scope",
+        "pool_skip_instruction",
+        "context_padding",
     ]
     forward_kwargs = {"dataset_embeddings"}
 
@@ -147,6 +199,12 @@ class ContextualTransformer(InputModule):
         query_prompt: str = DEFAULT_QUERY_PROMPT,
         document_prompt: str = DEFAULT_DOCUMENT_PROMPT,
         attn_implementation: str | None = "auto",
+        soft_prompt_tokens: int = 0,
+        prefix_positions: str = "none",
+        embed_joint_sequence: bool = False,
+        local_attention_scope: str = "text",
+        pool_skip_instruction: str | None = None,
+        context_padding: str = "null",
     ) -> None:
         super().__init__()
         if context_size < 0:
@@ -157,6 +215,11 @@ class ContextualTransformer(InputModule):
             raise ValueError(f"first_stage_head must be 'mlp' or 'none', got {first_stage_head!r}.")
         if output_head not in ("none", "mlp", "residual_mlp"):
             raise ValueError(f"output_head must be 'none', 'mlp' or 'residual_mlp', got {output_head!r}.")
+        _check_choice("prefix_positions", prefix_positions, ("none", "sequence", "sequence_except_context"))
+        _check_choice("local_attention_scope", local_attention_scope, ("text", "sequence"))
+        _check_choice("context_padding", context_padding, ("null", "tile"))
+        if soft_prompt_tokens < 0:
+            raise ValueError(f"soft_prompt_tokens must be >= 0, got {soft_prompt_tokens}.")
         self.context_size = context_size
         self.max_seq_length = max_seq_length
         self.context_max_seq_length = context_max_seq_length or max_seq_length
@@ -169,6 +232,12 @@ class ContextualTransformer(InputModule):
         self.query_prompt = query_prompt
         self.document_prompt = document_prompt
         self.attn_implementation = attn_implementation
+        self.soft_prompt_tokens = soft_prompt_tokens
+        self.prefix_positions = prefix_positions
+        self.embed_joint_sequence = embed_joint_sequence
+        self.local_attention_scope = local_attention_scope
+        self.pool_skip_instruction = pool_skip_instruction
+        self.context_padding = context_padding
 
         self.tokenizer = tokenizer
         self.first_stage = (
@@ -183,6 +252,17 @@ class ContextualTransformer(InputModule):
         )
         self.first_adapter = get_adapter(self.first_stage.config.model_type)
         self.second_adapter = get_adapter(self.second_stage.config.model_type)
+        if prefix_positions != "none" and not self.second_adapter.rotary:
+            raise ValueError(
+                f"prefix_positions={prefix_positions!r} needs a rotary backbone; "
+                f"{self.second_stage.config.model_type!r} adds absolute positions to the text only."
+            )
+        self._instruction_token_id = None
+        if pool_skip_instruction is not None:
+            ids = tokenizer.encode(pool_skip_instruction, add_special_tokens=False)
+            if not ids:
+                raise ValueError(f"pool_skip_instruction={pool_skip_instruction!r} tokenises to nothing.")
+            self._instruction_token_id = ids[0]
         d1, d2 = self.first_stage.config.hidden_size, self.second_stage.config.hidden_size
 
         if first_stage_head == "mlp":
@@ -194,7 +274,8 @@ class ContextualTransformer(InputModule):
         if first_stage_norm:
             # Context rows replace token embeddings at M2's input: normalise them like M2's embedding layer does
             # (initialised from it), so a model built from a pretrained encoder starts close to in-distribution.
-            norm = nn.LayerNorm(d2, eps=self.second_stage.config.layer_norm_eps)
+            config2 = self.second_stage.config
+            norm = nn.LayerNorm(d2, eps=getattr(config2, "layer_norm_eps", None) or getattr(config2, "norm_eps", 1e-12))
             source = self.second_adapter.input_norm(self.second_stage)
             if source is not None:
                 norm.load_state_dict(source.state_dict())
@@ -205,6 +286,7 @@ class ContextualTransformer(InputModule):
         with torch.no_grad():
             pad = self.second_adapter.embed_tokens(self.second_stage, torch.tensor([[pad_id]]), None)[0, 0]
         self.null_vector = nn.Parameter(pad.detach().clone())
+        self.soft_prompt = _SoftPrompt(d2, soft_prompt_tokens) if soft_prompt_tokens else None
         if output_head == "none":
             self.head = nn.Identity()
         else:
@@ -227,11 +309,12 @@ class ContextualTransformer(InputModule):
         """
         model_dir, st_max_len = _resolve_encoder_dir(name_or_path)
         attn = _resolve_attn_implementation(config.get("attn_implementation", "auto"))
+        family = get_adapter(AutoConfig.from_pretrained(model_dir).model_type).model_kwargs
         verbosity = transformers_logging.get_verbosity()
         transformers_logging.set_verbosity_error()  # the dropped pooler is expected, not worth a load report
         try:
-            first = AutoModel.from_pretrained(model_dir, attn_implementation=attn, add_pooling_layer=False)
-            second = AutoModel.from_pretrained(model_dir, attn_implementation=attn, add_pooling_layer=False)
+            first = AutoModel.from_pretrained(model_dir, attn_implementation=attn, **family)
+            second = AutoModel.from_pretrained(model_dir, attn_implementation=attn, **family)
         finally:
             transformers_logging.set_verbosity(verbosity)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -239,6 +322,11 @@ class ContextualTransformer(InputModule):
             model_max = getattr(tokenizer, "model_max_length", 512) or 512
             config["max_seq_length"] = int(min(st_max_len or model_max, model_max, 512))
         return cls(first, second, tokenizer, **config)
+
+    def __repr__(self) -> str:
+        fields = {key: getattr(self, key) for key in self.config_keys}
+        backbones = f"{self.first_stage.config.model_type}+{self.second_stage.config.model_type}"
+        return f"ContextualTransformer(backbones={backbones}, {fields})"
 
     # ------------------------------------------------------------------ properties
     @property
@@ -284,11 +372,9 @@ class ContextualTransformer(InputModule):
     # ------------------------------------------------------------------ first stage
     def embed_context_features(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """First stage on tokenised documents: (n, L) ids -> (n, d2) context vectors. Differentiable."""
-        hidden = self.first_stage(
-            input_ids=features["input_ids"],
-            attention_mask=features["attention_mask"],
-            token_type_ids=features.get("token_type_ids"),
-        ).last_hidden_state
+        hidden = self.first_adapter.forward(
+            self.first_stage, features["input_ids"], features["attention_mask"], features.get("token_type_ids")
+        )
         return self.context_head(_mean_pool(hidden, features["attention_mask"]))
 
     @torch.inference_mode()
@@ -404,7 +490,10 @@ class ContextualTransformer(InputModule):
                 self._warned_null_context = True
             vectors = self.null_vector.new_zeros(0, self.hidden_size).to(dtype)
         n_missing = self.context_size - vectors.shape[0]
-        if n_missing > 0:
+        if n_missing > 0 and self.context_padding == "tile" and len(vectors):
+            # the same even repetition set_context uses for a small corpus
+            vectors = vectors[torch.as_tensor(sample_indices(len(vectors), self.context_size, seed=0))]
+        elif n_missing > 0:
             vectors = torch.cat([vectors, self.null_vector.to(dtype).expand(n_missing, -1)])
         if self.training and self.sequence_dropout > 0 and self.context_size > 0:
             drop = torch.rand(vectors.shape[0], device=vectors.device) < self.sequence_dropout
@@ -418,12 +507,23 @@ class ContextualTransformer(InputModule):
         """Second stage: (B, L) ids + (J, d2) context -> ``sentence_embedding`` (B, d2), ``token_embeddings``
         (B, L, d2) of the text positions only."""
         input_ids, attention_mask = features["input_ids"], features["attention_mask"]
-        text = self.second_adapter.embed_tokens(self.second_stage, input_ids, features.get("token_type_ids"))
-        context = self._context_slots(dataset_embeddings, text.dtype)  # (J, d2)
-        batch, num_ctx = input_ids.shape[0], context.shape[0]
-        hidden = torch.cat([context.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, J + L, d2)
-        joint_mask = torch.cat([attention_mask.new_ones(batch, num_ctx), attention_mask], dim=1)
-        out = self.second_adapter.encode(self.second_stage, hidden, joint_mask, num_ctx)[:, num_ctx:]
+        adapter, backbone = self.second_adapter, self.second_stage
+        if self.embed_joint_sequence:
+            text = adapter.embed_tokens_unnormalised(backbone, input_ids)
+        else:
+            text = adapter.embed_tokens(backbone, input_ids, features.get("token_type_ids"))
+        prefix = self._context_slots(dataset_embeddings, text.dtype)  # (J, d2)
+        num_ctx = prefix.shape[0]
+        if self.soft_prompt is not None:
+            prefix = torch.cat([prefix, self.soft_prompt().to(text.dtype)])  # (J + n_prompt, d2)
+        batch, num_prefix = input_ids.shape[0], prefix.shape[0]
+        hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, P + L, d2)
+        if self.embed_joint_sequence:
+            hidden = adapter.embed_sequence(backbone, hidden)
+        joint_mask = torch.cat([attention_mask.new_ones(batch, num_prefix), attention_mask], dim=1)
+        positions = self._position_ids(num_ctx, num_prefix, input_ids.shape[1], input_ids.device)
+        out = adapter.encode(backbone, hidden, joint_mask, positions, num_prefix, self.local_attention_scope)
+        out = out[:, num_prefix:]
 
         pool_mask = attention_mask
         prompt_length = features.get("prompt_length")
@@ -431,9 +531,30 @@ class ContextualTransformer(InputModule):
             pl = int(prompt_length[0]) if isinstance(prompt_length, torch.Tensor) else int(prompt_length)
             pool_mask = attention_mask.clone()
             pool_mask[:, :pl] = 0
+        if self._instruction_token_id is not None:
+            pool_mask = self._skip_instruction(input_ids, pool_mask)
         features["token_embeddings"] = out
         features["sentence_embedding"] = self.head(_mean_pool(out, pool_mask))
         return features
+
+    def _position_ids(self, num_ctx: int, num_prefix: int, text_length: int, device) -> torch.Tensor:
+        """One rotary position per row of [context ; soft prompt ; text] (NO_POSITION: no rotation)."""
+        if self.prefix_positions == "none":
+            prefix = torch.full((num_prefix,), NO_POSITION, dtype=torch.long, device=device)
+            return torch.cat([prefix, torch.arange(text_length, device=device)])
+        positions = torch.arange(num_prefix + text_length, device=device)
+        if self.prefix_positions == "sequence_except_context":
+            positions[:num_ctx] = NO_POSITION
+        return positions
+
+    def _skip_instruction(self, input_ids: torch.Tensor, pool_mask: torch.Tensor) -> torch.Tensor:
+        """Drop positions 0..p from pooling, p the first position > 0 holding the instruction delimiter (if any)."""
+        hits = (input_ids == self._instruction_token_id) & pool_mask.bool()
+        hits[:, 0] = False
+        found = hits.any(dim=1, keepdim=True)
+        end = hits.int().argmax(dim=1, keepdim=True)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        return pool_mask * ~(found & (positions <= end))
 
     # ------------------------------------------------------------------ persistence
     def get_config_dict(self) -> dict[str, Any]:

@@ -1,0 +1,423 @@
+"""The released CDE checkpoints (``jxm/cde-small-v1``, ``jxm/cde-small-v2``) as native cde_st modules.
+
+A released repo holds a ``config.json`` with the CDE fields (``transductive_corpus_size``, ``embedder``, ...) and a
+``model.safetensors`` with the research code's parameter names; it ships no backbone config and no tokenizer (the
+remote code fetched both from the ``embedder`` repo at construction time). :func:`load_released` reads those files
+(local folder, or the Hugging Face cache/download), builds a :class:`~cde_st.modules.ContextualTransformer` in its
+released-compatible mode and maps the weights into it. No remote code runs.
+
+What each release does differently, and which fields reproduce it (see the parity fixture's README):
+
+============================  =====================================  =====================================
+fact                          cde-small-v1 (NomicBERT)               cde-small-v2 (ModernBERT)
+============================  =====================================  =====================================
+soft prompt                   8 vectors after the context            8 vectors after the context
+rotary positions              text/prompt count along the joint      every row counts along the joint
+                              sequence; context rows unrotated       sequence (context order matters)
+joint sequence re-embedded    text gets token_type[0] twice          text is LayerNormed twice
+sliding-window layers         (none)                                 window over the joint sequence
+pooling                       all text tokens                        skips the instruction up to ": "
+output head                   Linear-ReLU-Linear                     the same plus a residual
+============================  =====================================  =====================================
+
+cde-small-v1 and rotary: the research repository's ``hf_model.py`` rotates queries and keys along the *head* axis,
+so its rotation cancels in q.k and that file has no positions at all. NomicBERT's own code and the CDE training
+code rotate along the sequence, which is what the model was trained with; cde_st implements the sequence rotation
+(the fixture's ``counterfactual_seq_rotary`` outputs), not the bug.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, ModernBertConfig, NomicBertConfig
+
+from cde_st.modules.contextual_transformer import ContextualTransformer
+
+#: Short names a user may type for the released models.
+ALIASES = {
+    "cde-small": "jxm/cde-small-v2",
+    "cde-small-v1": "jxm/cde-small-v1",
+    "cde-small-v2": "jxm/cde-small-v2",
+}
+#: The prompts the released models were trained with.
+PROMPTS = {"query": "search_query: ", "document": "search_document: "}
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+#: Beside the released files, a folder may hold the backbone's config (the parity fixtures do).
+BACKBONE_CONFIG_FILE = "backbone_config.json"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+#: The soft prompt length is hard-coded in the released code.
+_SOFT_PROMPT_TOKENS = 8
+
+
+class ReleasedCheckpointError(RuntimeError):
+    """A released CDE checkpoint could not be read: names the file, config field or download that failed."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Recognising and fetching
+
+
+def resolve_name(name_or_path: str) -> str:
+    """``cde-small`` / ``cde-small-v1`` / ``cde-small-v2`` -> their hub ids; anything else unchanged."""
+    return ALIASES.get(str(name_or_path), str(name_or_path))
+
+
+def is_released_config(config: dict) -> bool:
+    """Whether a ``config.json`` dict is a released CDE model's (the research code's config fields)."""
+    return "transductive_corpus_size" in config and "embedder" in config
+
+
+def is_released_checkpoint(name_or_path: str, **hub: Any) -> bool:
+    """Whether ``name_or_path`` names a released CDE model: a short name, a local folder in the released layout,
+    or a hub repo whose ``config.json`` (cached or downloadable) has the CDE fields. Never raises."""
+    name = resolve_name(name_or_path)
+    if name in ALIASES.values():
+        return True
+    path = Path(name).expanduser()
+    if path.is_dir():
+        config = path / CONFIG_FILE
+        if not config.is_file() or (path / "modules.json").is_file() and (path / "cde_config.json").is_file():
+            return False
+        try:
+            return is_released_config(json.loads(config.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return False
+    if path.exists() or name.count("/") != 1 or name.startswith((".", "/", "~")):
+        return False
+    try:
+        return is_released_config(_read_json(_fetch(name, CONFIG_FILE, **hub)))
+    except ReleasedCheckpointError:
+        return False
+
+
+def _fetch(
+    repo_or_folder: str,
+    filename: str,
+    revision: str | None = None,
+    cache_folder: str | None = None,
+    token: bool | str | None = None,
+    local_files_only: bool = False,
+) -> str:
+    """Path of ``filename`` in a local folder, or in the Hugging Face cache (downloading it when online)."""
+    folder = Path(repo_or_folder).expanduser()
+    if folder.is_dir():
+        path = folder / filename
+        if not path.is_file():
+            raise ReleasedCheckpointError(f"{path} is missing: a released CDE folder needs {filename}.")
+        return str(path)
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return hf_hub_download(
+            repo_or_folder,
+            filename,
+            revision=revision,
+            cache_dir=cache_folder,
+            token=token,
+            local_files_only=local_files_only,
+        )
+    except Exception as err:  # offline, missing repo or file: hub errors come in many types
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or local_files_only
+        hint = (
+            " The hub is not reachable (offline) and the file is not in the Hugging Face cache: download it once "
+            "online, or give a local folder holding the released repo's files."
+            if offline
+            else ""
+        )
+        raise ReleasedCheckpointError(f"Could not get {filename!r} of {repo_or_folder!r}: {err}.{hint}") from err
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise ReleasedCheckpointError(f"{path} is not a readable JSON file: {err}") from err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Configs
+
+
+def backbone_config(raw: dict):
+    """A transformers config for a released backbone from its ``config.json`` dict (``modernbert`` or
+    ``nomic_bert``, including nomic's own GPT-2-style field names: ``n_embd``, ``n_layer``, ``n_inner``, ...)."""
+    raw = {k: v for k, v in raw.items() if not k.startswith("_")}
+    model_type = raw.get("model_type")
+    if model_type == "modernbert":
+        return ModernBertConfig.from_dict(raw)
+    if model_type == "nomic_bert":
+        if "n_embd" not in raw:
+            return NomicBertConfig.from_dict(raw)
+        return _nomic_config(raw)
+    raise ReleasedCheckpointError(
+        f"Backbone model_type {model_type!r} is not one of the released CDE backbones (modernbert, nomic_bert)."
+    )
+
+
+def _nomic_config(raw: dict) -> NomicBertConfig:
+    """nomic-bert-2048's config (contrastors field names) -> ``transformers.NomicBertConfig``."""
+    unsupported = {
+        "rotary_emb_fraction": (raw.get("rotary_emb_fraction", 1.0), 1.0),
+        "rotary_emb_interleaved": (raw.get("rotary_emb_interleaved", False), False),
+        "prenorm": (raw.get("prenorm", False), False),
+        "qkv_proj_bias": (raw.get("qkv_proj_bias", False), False),
+        "mlp_fc1_bias": (raw.get("mlp_fc1_bias", False), False),
+        "mlp_fc2_bias": (raw.get("mlp_fc2_bias", False), False),
+        "activation_function": (raw.get("activation_function", "swiglu"), "swiglu"),
+        "use_rms_norm": (raw.get("use_rms_norm", False), False),
+        "parallel_block": (raw.get("parallel_block", False), False),
+    }
+    bad = {k: v for k, (v, want) in unsupported.items() if v != want and v is not None}
+    if bad:
+        raise ReleasedCheckpointError(f"NomicBERT settings not supported by transformers' NomicBertModel: {bad}.")
+    multiple = raw.get("pad_vocab_size_multiple", 1) or 1
+
+    def round_up(n: int, m: int) -> int:
+        return (n + m - 1) // m * m
+
+    return NomicBertConfig(
+        vocab_size=round_up(raw["vocab_size"], multiple),
+        hidden_size=raw["n_embd"],
+        num_hidden_layers=raw["n_layer"],
+        num_attention_heads=raw["n_head"],
+        # nomic's gated MLP rounds its hidden features up to a multiple of 256
+        intermediate_size=round_up(raw.get("n_inner") or 4 * raw["n_embd"], 256),
+        hidden_act="silu",
+        max_position_embeddings=raw.get("n_positions", 2048),
+        type_vocab_size=raw.get("type_vocab_size", 2),
+        layer_norm_eps=raw.get("layer_norm_epsilon", 1e-12),
+        pad_token_id=raw.get("pad_token_id") or 0,
+        rope_parameters={"rope_type": "default", "rope_theta": float(raw.get("rotary_emb_base", 10000))},
+    )
+
+
+def module_config(cde: dict, model_type: str) -> dict[str, Any]:
+    """ContextualTransformer fields reproducing a released model, from its ``config.json`` and backbone type.
+
+    Raises :class:`ReleasedCheckpointError` for research-code options the releases do not use (and cde_st does
+    not implement), naming the field."""
+
+    def require(field: str, ok: bool) -> None:
+        if not ok:
+            raise ReleasedCheckpointError(f"config.json field {field}={cde.get(field)!r} is not supported.")
+
+    require("transductive_tokens_per_document", cde.get("transductive_tokens_per_document", 1) == 1)
+    require("autoregressive_backbone", not cde.get("autoregressive_backbone", False))
+    require("pooling_strategy", cde.get("pooling_strategy", "mean") == "mean")
+    require("embedding_output_dim", cde.get("embedding_output_dim") is None)
+    require("limit_layers", cde.get("limit_layers") is None)
+    require("limit_layers_first_stage", cde.get("limit_layers_first_stage") is None)
+    require("transductive_tie_token_embeddings", not cde.get("transductive_tie_token_embeddings", False))
+    require("dataset_backbone", cde.get("dataset_backbone") is None)
+    require("pool_ignore_contextual_tokens", cde.get("pool_ignore_contextual_tokens", True))
+    # The residual head and the instruction rule arrived together with the pool_ignore_* fields (cde-small-v2).
+    v2_code = "pool_ignore_instruction_tokens" in cde
+    if model_type == "nomic_bert":
+        # rotary excluded from the context rows (the research code's _shift_rotary_embedding, nomic models only)
+        positions = "sequence_except_context" if cde.get("disable_transductive_rotary_embedding") else "sequence"
+    else:
+        positions = "sequence"
+    return dict(
+        context_size=int(cde["transductive_corpus_size"]),
+        max_seq_length=int(cde.get("max_seq_length", 512)),
+        sequence_dropout=float(cde.get("transductive_sequence_dropout_prob", 0.0)),
+        include_prompt=True,
+        first_stage_head="mlp",
+        first_stage_residual=False,
+        first_stage_norm=False,
+        output_head="residual_mlp" if v2_code else "mlp",
+        query_prompt=PROMPTS["query"],
+        document_prompt=PROMPTS["document"],
+        attn_implementation="sdpa",
+        soft_prompt_tokens=_SOFT_PROMPT_TOKENS,
+        prefix_positions=positions,
+        embed_joint_sequence=True,
+        local_attention_scope="sequence",
+        pool_skip_instruction=": " if cde.get("pool_ignore_instruction_tokens") else None,
+        context_padding="tile",
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Weights
+
+
+def _nomic_name(name: str) -> str:
+    """A contrastors NomicBERT parameter name -> transformers' ``NomicBertModel`` name (Wqkv handled apart)."""
+    for old, new in (
+        ("encoder.layers.", "layers."),
+        ("emb_ln.", "embeddings.LayerNorm."),
+        ("attn.out_proj.", "self_attn.o_proj."),
+        ("mlp.fc11.", "mlp.up_proj."),
+        ("mlp.fc12.", "mlp.gate_proj."),
+        ("mlp.fc2.", "mlp.down_proj."),
+        ("norm1.", "post_attention_layernorm."),
+        ("norm2.", "post_mlp_layernorm."),
+    ):
+        name = name.replace(old, new)
+    return name
+
+
+def _backbone_tensors(prefix: str, tensors: dict[str, torch.Tensor], model_type: str) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, tensor in tensors.items():
+        if model_type == "nomic_bert" and name.endswith("attn.Wqkv.weight"):
+            # rows packed [q; k; v], heads contiguous within each
+            base = _nomic_name(name[: -len("attn.Wqkv.weight")])
+            for part, chunk in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3, dim=0)):
+                out[f"{prefix}{base}self_attn.{part}.weight"] = chunk
+        else:
+            out[prefix + (_nomic_name(name) if model_type == "nomic_bert" else name)] = tensor
+    return out
+
+
+def convert_state_dict(reference: dict[str, torch.Tensor], model_type: str) -> dict[str, torch.Tensor]:
+    """The research code's ``state_dict`` names -> :class:`ContextualTransformer`'s."""
+    groups: dict[str, dict[str, torch.Tensor]] = {"first": {}, "second": {}}
+    out: dict[str, torch.Tensor] = {}
+    heads = {
+        "first_stage_model.mlp.0.": "context_head.fc1.",
+        "first_stage_model.mlp.2.": "context_head.fc2.",
+        "second_stage_model.output_projection.0.": "head.fc1.",
+        "second_stage_model.output_projection.2.": "head.fc2.",
+        "second_stage_model.prompt_projection.": "soft_prompt.projection.",
+    }
+    unknown = []
+    for name, tensor in reference.items():
+        if name.startswith("first_stage_model.embedder."):
+            groups["first"][name[len("first_stage_model.embedder.") :]] = tensor
+        elif name.startswith("second_stage_model.backbone."):
+            groups["second"][name[len("second_stage_model.backbone.") :]] = tensor
+        else:
+            head = next((h for h in heads if name.startswith(h)), None)
+            if head is None:
+                unknown.append(name)
+            else:
+                out[heads[head] + name[len(head) :]] = tensor
+    if unknown:
+        raise ReleasedCheckpointError(f"Unexpected parameters in the released weights: {unknown[:8]}")
+    out.update(_backbone_tensors("first_stage.", groups["first"], model_type))
+    out.update(_backbone_tensors("second_stage.", groups["second"], model_type))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_released(
+    name_or_path: str,
+    backbone_config: str | dict | None = None,
+    tokenizer: Any = None,
+    revision: str | None = None,
+    cache_folder: str | None = None,
+    token: bool | str | None = None,
+    local_files_only: bool = False,
+) -> ContextualTransformer:
+    """Build the :class:`ContextualTransformer` of a released CDE model with its weights.
+
+    Args:
+        name_or_path: ``jxm/cde-small-v2`` / ``jxm/cde-small-v1`` (or ``cde-small``, ``cde-small-v1``,
+            ``cde-small-v2``), another hub repo in the released layout, or a local folder holding its files.
+        backbone_config: the backbone's config (a dict, a JSON file or a folder with ``config.json``). Default:
+            ``backbone_config.json`` in the local folder if there is one, else the ``embedder`` repo's config.
+        tokenizer: a tokenizer object or a tokenizer name/folder. Default: tokenizer files in the local folder if
+            there are any, else the ``embedder`` repo's tokenizer (the released repos ship none).
+
+    Example:
+        >>> module = load_released("jxm/cde-small-v2")                      # doctest: +SKIP
+    """
+    name = resolve_name(name_or_path)
+    hub = dict(revision=revision, cache_folder=cache_folder, token=token, local_files_only=local_files_only)
+    cde = _read_json(_fetch(name, CONFIG_FILE, **hub))
+    if not is_released_config(cde):
+        raise ReleasedCheckpointError(
+            f"{name}/{CONFIG_FILE} has no transductive_corpus_size/embedder fields: not a released CDE model."
+        )
+    embedder = cde["embedder"]
+    folder = Path(name).expanduser() if Path(name).expanduser().is_dir() else None
+    backbone_hub = dict(cache_folder=cache_folder, token=token, local_files_only=local_files_only)
+
+    if isinstance(backbone_config, dict):
+        raw = backbone_config
+    elif backbone_config is not None:
+        path = Path(backbone_config).expanduser()
+        raw = _read_json(str(path / "config.json" if path.is_dir() else path))
+    elif folder is not None and (folder / BACKBONE_CONFIG_FILE).is_file():
+        raw = _read_json(str(folder / BACKBONE_CONFIG_FILE))
+    else:
+        try:
+            raw = _read_json(_fetch(embedder, CONFIG_FILE, **backbone_hub))
+        except ReleasedCheckpointError as err:
+            raise ReleasedCheckpointError(
+                f"The backbone config of {name} (its `embedder`, {embedder!r}) is not available: {err} "
+                f"Put the backbone's config.json beside the released files as {BACKBONE_CONFIG_FILE}, or pass "
+                "backbone_config=."
+            ) from err
+    config = _backbone_from_raw(raw)
+
+    if tokenizer is None:
+        if folder is not None and any((folder / f).is_file() for f in _TOKENIZER_FILES):
+            tokenizer = str(folder)
+        else:
+            tokenizer = embedder
+    if isinstance(tokenizer, (str, os.PathLike)):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), **_tokenizer_hub(backbone_hub))
+        except Exception as err:
+            raise ReleasedCheckpointError(
+                f"The tokenizer of {name} ({tokenizer!r}; the released repos ship none) could not be loaded: {err}. "
+                "Pass tokenizer= (a folder or name), or put the tokenizer files beside the released files."
+            ) from err
+
+    fields = module_config(cde, config.model_type)
+    weights_path = _fetch(name, WEIGHTS_FILE, **hub)
+    try:
+        reference = load_file(weights_path)
+    except Exception as err:
+        raise ReleasedCheckpointError(f"{weights_path} could not be read as safetensors: {err}") from err
+    module = ContextualTransformer(config, copy.deepcopy(config), tokenizer, **fields)
+    state = convert_state_dict(reference, config.model_type)
+    own = module.state_dict()
+    # null_vector is cde_st's own slot filler: the releases have none (tiled contexts never need it)
+    missing = sorted(set(own) - set(state) - {"null_vector"})
+    unexpected = sorted(set(state) - set(own))
+    mismatched = sorted(k for k in set(state) & set(own) if own[k].shape != state[k].shape)
+    if missing or unexpected or mismatched:
+        raise ReleasedCheckpointError(
+            f"{weights_path} does not match the {config.model_type} backbone config: missing {missing[:8]}, "
+            f"unexpected {unexpected[:8]}, shape mismatch {mismatched[:8]}."
+        )
+    module.load_state_dict(state, strict=False)
+    module.eval()
+    return module
+
+
+def _backbone_from_raw(raw: dict):
+    try:
+        return backbone_config(raw)
+    except ReleasedCheckpointError:
+        raise
+    except Exception as err:
+        raise ReleasedCheckpointError(f"Backbone config could not be read: {err}") from err
+
+
+def _tokenizer_hub(hub: dict) -> dict:
+    # trust_remote_code=False: a released folder's config.json names remote code (auto_map), which must never run
+    # (and must not make transformers prompt on stdin) just to read a tokenizer.
+    return {
+        "cache_dir": hub["cache_folder"],
+        "token": hub["token"],
+        "local_files_only": hub["local_files_only"],
+        "trust_remote_code": False,
+    }
+
