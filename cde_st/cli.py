@@ -1,4 +1,4 @@
-"""Console entry points: ``cde-st-train`` and ``cde-st-eval``."""
+"""Console entry points: ``cde-st-train``, ``cde-st-eval`` and ``cde-st-convert``."""
 
 from __future__ import annotations
 
@@ -164,3 +164,57 @@ def eval_run(argv: list[str] | None = None) -> int:
 def eval_main(argv: list[str] | None = None) -> None:
     """Console entry point ``cde-st-eval`` (same as ``python eval/run_mteb.py``)."""
     sys.exit(eval_run(argv))
+
+
+def convert_run(argv: list[str] | None = None) -> int:
+    """Write a released CDE checkpoint (cde-small-v1/v2, hub id, short name or local copy) as a native cde_st
+    folder, which then loads offline with ``ContextualSentenceTransformer(DST)``: no remote code, no network."""
+    parser = argparse.ArgumentParser(
+        prog="cde-st-convert",
+        description=convert_run.__doc__,
+        epilog="Example: cde-st-convert jxm/cde-small-v2 models/cde-small-v2",
+    )
+    parser.add_argument(
+        "src", help="jxm/cde-small-v2, jxm/cde-small-v1, cde-small, or a folder with the released files"
+    )
+    parser.add_argument("dst", help="output folder (must not exist, or be empty)")
+    parser.add_argument("--backbone-config", help="the backbone's config.json (default: beside SRC, else the hub)")
+    parser.add_argument("--tokenizer", help="tokenizer folder or name (default: beside SRC, else the backbone's)")
+    parser.add_argument("--revision", help="hub revision of SRC")
+    args = parser.parse_args(argv)
+
+    from cde_st.model import ContextualSentenceTransformer
+    from cde_st.released import ReleasedCheckpointError, is_released_checkpoint
+
+    dst = Path(args.dst).expanduser()
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+        print(f"error: {dst} exists and is not empty; choose a new folder.", file=sys.stderr)
+        return 2
+    if not is_released_checkpoint(args.src, revision=args.revision):
+        print(
+            f"error: {args.src!r} is not a released CDE checkpoint (no config.json with the CDE fields).",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        model = ContextualSentenceTransformer(
+            args.src, backbone_config=args.backbone_config, tokenizer=args.tokenizer, revision=args.revision
+        )
+    except ReleasedCheckpointError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    model.save(str(dst))
+    print(f"wrote {dst}: load it with ContextualSentenceTransformer({str(dst)!r})")
+    return 0
+
+
+def convert_main(argv: list[str] | None = None) -> None:
+    """Console entry point ``cde-st-convert``."""
+    sys.exit(convert_run(argv))
+
+
+if __name__ == "__main__":  # python -m cde_st.cli {train,eval,convert} ...
+    commands = {"train": train_main, "eval": eval_main, "convert": convert_main}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        sys.exit(f"usage: python -m cde_st.cli {{{','.join(commands)}}} ...")
+    commands[sys.argv[1]](sys.argv[2:])

@@ -104,8 +104,10 @@ class ContextualSentenceTransformer(SentenceTransformer):
     ) -> None:
         hub = {k: kwargs.get(k) for k in ("revision", "cache_folder", "token")}
         hub["local_files_only"] = bool(kwargs.get("local_files_only", False))
-        if model_name_or_path is not None and not kwargs.get("modules") and is_released_checkpoint(
-            str(model_name_or_path), **hub
+        if (
+            model_name_or_path is not None
+            and not kwargs.get("modules")
+            and is_released_checkpoint(str(model_name_or_path), **hub)
         ):
             module = load_released(str(model_name_or_path), backbone_config=backbone_config, tokenizer=tokenizer, **hub)
             for key in ("revision", "cache_folder", "token", "local_files_only", "trust_remote_code"):

@@ -420,4 +420,3 @@ def _tokenizer_hub(hub: dict) -> dict:
         "local_files_only": hub["local_files_only"],
         "trust_remote_code": False,
     }
-

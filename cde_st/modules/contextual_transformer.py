@@ -274,11 +274,12 @@ class ContextualTransformer(InputModule):
         if first_stage_norm:
             # Context rows replace token embeddings at M2's input: normalise them like M2's embedding layer does
             # (initialised from it), so a model built from a pretrained encoder starts close to in-distribution.
-            config2 = self.second_stage.config
-            norm = nn.LayerNorm(d2, eps=getattr(config2, "layer_norm_eps", None) or getattr(config2, "norm_eps", 1e-12))
             source = self.second_adapter.input_norm(self.second_stage)
             if source is not None:
+                norm = nn.LayerNorm(d2, eps=source.eps, bias=source.bias is not None)
                 norm.load_state_dict(source.state_dict())
+            else:
+                norm = nn.LayerNorm(d2, eps=getattr(self.second_stage.config, "layer_norm_eps", 1e-12))
             head = nn.Sequential(head, norm)
         self.context_head = head
         # The null slot starts as M2's own [PAD] embedding, which pretrained encoders learn to attend past.
@@ -317,6 +318,8 @@ class ContextualTransformer(InputModule):
             second = AutoModel.from_pretrained(model_dir, attn_implementation=attn, **family)
         finally:
             transformers_logging.set_verbosity(verbosity)
+        for encoder in (first, second):
+            _own_storage(encoder)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if "max_seq_length" not in config:
             model_max = getattr(tokenizer, "model_max_length", 512) or 512
@@ -610,6 +613,14 @@ class ContextualTransformer(InputModule):
             module.context_vectors = load_file(context_path)["vectors"]
             module.context_info = ContextInfo(**context_info)
         return module
+
+
+def _own_storage(model: nn.Module) -> None:
+    """Give every parameter its own storage. Checkpoints in a packed layout (NomicBERT's ``Wqkv``) load as views of
+    one tensor, which safetensors refuses to save."""
+    for param in model.parameters():
+        if param.untyped_storage().nbytes() != param.numel() * param.element_size():
+            param.data = param.data.clone()
 
 
 def _resolve_encoder_dir(name_or_path: str) -> tuple[str, int | None]:

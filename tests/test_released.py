@@ -1,0 +1,282 @@
+"""Released CDE checkpoints (cde-small-v1/v2): parity with the reference code on the tiny-weight fixture, conversion
+to a native folder, loading routes and errors, real-size parameter counts, and rotary backbones in cde_st's own
+position-free mode."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from sentence_transformers import SentenceTransformer
+
+from cde_st import ContextualSentenceTransformer, ContextualTransformer
+from cde_st.released import ReleasedCheckpointError, is_released_checkpoint, load_released, module_config
+
+FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "cde_reference"
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def fixture_dir() -> Path:
+    if not (FIXTURE / "v2" / "model.safetensors").is_file():
+        pytest.skip(f"CDE reference fixture not found at {FIXTURE}")
+    return FIXTURE
+
+
+@pytest.fixture(scope="module")
+def inputs(fixture_dir) -> dict:
+    return json.loads((fixture_dir / "inputs.json").read_text(encoding="utf-8"))
+
+
+def _module_outputs(module: ContextualTransformer, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Run the converted module on the fixture's stored input_ids (no re-tokenisation)."""
+    out = {}
+    with torch.no_grad():
+        context = {k: expected[f"context.{k}"] for k in ("input_ids", "attention_mask")}
+        out["dataset_embeddings"] = module.embed_context_features(context)
+        for name in ("query", "doc", "edge"):
+            features = {k: expected[f"{name}.{k}"] for k in ("input_ids", "attention_mask")}
+            raw = module(features, dataset_embeddings=out["dataset_embeddings"])["sentence_embedding"]
+            out[f"{name}_embeddings"] = raw
+            out[f"{name}_embeddings_normalized"] = torch.nn.functional.normalize(raw, dim=-1)
+    out["scores"] = out["query_embeddings_normalized"] @ out["doc_embeddings_normalized"].T
+    return out
+
+
+def _max_diffs(ours: dict, reference: dict) -> dict[str, float]:
+    return {k: (ours[k] - reference[k]).abs().max().item() for k in ours}
+
+
+def test_v2_parity_with_reference(fixture_dir):
+    module = load_released(str(fixture_dir / "v2"))
+    expected = load_file(fixture_dir / "v2" / "expected.safetensors")
+    diffs = _max_diffs(_module_outputs(module, expected), expected)
+    assert max(diffs.values()) <= ATOL, diffs
+
+
+def test_v1_parity_with_sequence_rotary(fixture_dir):
+    """v1 is checked against rotary along the sequence (NomicBERT's own and the training code's behaviour), not
+    against the research hf_model.py, whose rotary acts on the head axis and cancels (see cde_st.released)."""
+    module = load_released(str(fixture_dir / "v1"))
+    expected = load_file(fixture_dir / "v1" / "expected.safetensors")
+    reference = load_file(fixture_dir / "v1" / "counterfactual_seq_rotary.safetensors")
+    ours = _module_outputs(module, expected)
+    diffs = _max_diffs({k: v for k, v in ours.items() if k in reference}, reference)
+    assert max(diffs.values()) <= ATOL, diffs
+    # and it is not the position-free bug of hf_model.py
+    assert (ours["doc_embeddings"] - expected["doc_embeddings"]).abs().max() > 0.01
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_sentence_transformer_route_matches_reference(fixture_dir, inputs, version):
+    """Texts in, normalised embeddings out: the model-card procedure through set_context / encode_*."""
+    reference_file = "counterfactual_seq_rotary" if version == "v1" else "expected"
+    reference = load_file(fixture_dir / version / f"{reference_file}.safetensors")
+    model = ContextualSentenceTransformer(str(fixture_dir / version))
+    info = model.set_context(inputs["context_docs"], seed=0)
+    assert info.size == model.context_size == 8
+    np.testing.assert_allclose(
+        model.encode_query(inputs["queries"]), reference["query_embeddings_normalized"], atol=ATOL
+    )
+    np.testing.assert_allclose(
+        model.encode_document(inputs["documents"]), reference["doc_embeddings_normalized"], atol=ATOL
+    )
+
+
+def test_converted_folder_reloads_identically(fixture_dir, inputs, tmp_path):
+    model = ContextualSentenceTransformer(str(fixture_dir / "v2"))
+    model.set_context(inputs["context_docs"])
+    queries, docs = model.encode_query(inputs["queries"]), model.encode_document(inputs["documents"])
+    model.save(str(tmp_path / "native"))
+    assert (tmp_path / "native" / "cde_config.json").is_file()
+    reloaded = ContextualSentenceTransformer(str(tmp_path / "native"))
+    assert reloaded.context_info == model.context_info
+    assert np.abs(reloaded.encode_query(inputs["queries"]) - queries).max() == 0
+    assert np.abs(reloaded.encode_document(inputs["documents"]) - docs).max() == 0
+    plain = SentenceTransformer(str(tmp_path / "native"), trust_remote_code=True)
+    assert np.abs(plain.encode_query(inputs["queries"]) - queries).max() == 0
+
+
+def test_convert_command(fixture_dir, inputs, tmp_path):
+    dst = tmp_path / "cde-small-v1-native"
+    result = subprocess.run(
+        [sys.executable, "-m", "cde_st.cli", "convert", str(fixture_dir / "v1"), str(dst)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "wrote" in result.stdout
+    converted = ContextualSentenceTransformer(str(dst))
+    original = ContextualSentenceTransformer(str(fixture_dir / "v1"))
+    ctx = original.embed_context(inputs["context_docs"])
+    a = converted.encode_document(inputs["documents"], dataset_embeddings=ctx)
+    b = original.encode_document(inputs["documents"], dataset_embeddings=ctx)
+    assert np.abs(a - b).max() == 0
+    refused = subprocess.run(
+        [sys.executable, "-m", "cde_st.cli", "convert", str(fixture_dir / "v1"), str(dst)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert refused.returncode != 0 and "exists" in refused.stderr
+
+
+def test_small_corpus_and_short_context_are_tiled(fixture_dir, inputs):
+    model = ContextualSentenceTransformer(str(fixture_dir / "v2"))
+    three = inputs["context_docs"][:3]
+    info = model.set_context(three)
+    assert info.size == 8 and info.corpus_size == 3  # oversampled evenly, as the released cards ask
+    tiled = model.encode_document(inputs["documents"])
+    vectors = model.embed_context(three)  # already tiled to 8 rows
+    assert vectors.shape[0] == 8
+    short = model.encode_document(inputs["documents"], dataset_embeddings=model.embed_context(three)[:3])
+    np.testing.assert_allclose(short, tiled, atol=1e-6)
+
+
+def test_short_names_and_detection(fixture_dir, tmp_path):
+    assert is_released_checkpoint("cde-small") and is_released_checkpoint("cde-small-v1")
+    assert is_released_checkpoint(str(fixture_dir / "v1"))
+    assert not is_released_checkpoint(str(tmp_path))
+
+
+def test_offline_errors_name_what_is_missing(fixture_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ReleasedCheckpointError, match=r"config\.json.*jxm/cde-small-v2"):
+        ContextualSentenceTransformer("cde-small", cache_folder=str(tmp_path / "empty_cache"))
+    # a copy of the released files only: the backbone config must come from the hub, which is unreachable
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(fixture_dir / "v2" / name, bare / name)
+    with pytest.raises(ReleasedCheckpointError, match="backbone_config.json"):
+        ContextualSentenceTransformer(str(bare), cache_folder=str(tmp_path / "empty_cache"))
+    # given explicitly, backbone config and tokenizer take precedence over the hub
+    model = ContextualSentenceTransformer(
+        str(bare), backbone_config=str(fixture_dir / "v2" / "backbone_config.json"), tokenizer=str(fixture_dir / "v2")
+    )
+    assert model.context_size == 8
+    (bare / "model.safetensors").unlink()
+    with pytest.raises(ReleasedCheckpointError, match="model.safetensors"):
+        ContextualSentenceTransformer(
+            str(bare),
+            backbone_config=str(fixture_dir / "v2" / "backbone_config.json"),
+            tokenizer=str(fixture_dir / "v2"),
+        )
+
+
+# Public configs of the released backbones (answerdotai/ModernBERT-base, nomic-ai/nomic-bert-2048), model fields only.
+MODERNBERT_BASE = {
+    "model_type": "modernbert",
+    "vocab_size": 50368,
+    "hidden_size": 768,
+    "intermediate_size": 1152,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 12,
+    "hidden_activation": "gelu",
+    "max_position_embeddings": 8192,
+    "norm_eps": 1e-05,
+    "norm_bias": False,
+    "pad_token_id": 50283,
+    "eos_token_id": 50282,
+    "bos_token_id": 50281,
+    "cls_token_id": 50281,
+    "sep_token_id": 50282,
+    "global_rope_theta": 160000.0,
+    "local_rope_theta": 10000.0,
+    "local_attention": 128,
+    "global_attn_every_n_layers": 3,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+NOMIC_BERT_2048 = {
+    "model_type": "nomic_bert",
+    "activation_function": "swiglu",
+    "n_embd": 768,
+    "n_head": 12,
+    "n_inner": 3072,
+    "n_layer": 12,
+    "n_positions": 2048,
+    "vocab_size": 30528,
+    "pad_vocab_size_multiple": 64,
+    "type_vocab_size": 2,
+    "layer_norm_epsilon": 1e-12,
+    "rotary_emb_base": 1000,
+    "rotary_emb_fraction": 1.0,
+    "rotary_emb_interleaved": False,
+    "prenorm": False,
+    "qkv_proj_bias": False,
+    "mlp_fc1_bias": False,
+    "mlp_fc2_bias": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("version", "raw", "expected_millions"),
+    [("v2", MODERNBERT_BASE, 305.7), ("v1", NOMIC_BERT_2048, 281.1)],
+)
+def test_real_size_configs_build_offline(fixture_dir, version, raw, expected_millions):
+    """The released sizes (512 context slots) build on the meta device, nothing downloaded or allocated."""
+    from transformers import AutoTokenizer
+
+    from cde_st.released import backbone_config
+
+    cde = json.loads((fixture_dir / version / "config.json").read_text(encoding="utf-8"))
+    cde["transductive_corpus_size"] = 512
+    config = backbone_config(raw)
+    tokenizer = AutoTokenizer.from_pretrained(str(fixture_dir / version), trust_remote_code=False)
+    with torch.device("meta"):
+        module = ContextualTransformer(config, config, tokenizer, **module_config(cde, config.model_type))
+    assert module.context_size == 512
+    # the reference parameters; cde_st adds one null vector (768) of its own
+    reference = sum(p.numel() for n, p in module.named_parameters() if n != "null_vector")
+    assert round(reference / 1e6, 1) == expected_millions
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rotary backbones in cde_st's own (position-free) mode
+
+
+@pytest.fixture(scope="module", params=["modernbert", "nomic_bert"])
+def tiny_rotary_dir(request, fixture_dir, tmp_path_factory) -> str:
+    """A tiny random ModernBERT / NomicBERT saved as a HF folder with the fixture tokenizer."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from cde_st.released import backbone_config
+
+    version = "v2" if request.param == "modernbert" else "v1"
+    raw = json.loads((fixture_dir / version / "backbone_config.json").read_text(encoding="utf-8"))
+    torch.manual_seed(0)
+    model = AutoModel.from_config(backbone_config(raw))
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(str(fixture_dir / version), trust_remote_code=False).save_pretrained(path)
+    return str(path)
+
+
+def test_rotary_backbone_own_mode(tiny_rotary_dir, inputs, tmp_path):
+    torch.manual_seed(0)
+    model = ContextualSentenceTransformer.from_encoder(
+        tiny_rotary_dir, context_size=8, max_seq_length=64, output_head="mlp", first_stage_residual=False
+    )
+    model.eval()
+    docs = inputs["documents"]
+    ctx = torch.randn(8, model.contextual_module.hidden_size, generator=torch.Generator().manual_seed(0))
+    a = model.encode_document(docs, dataset_embeddings=ctx)
+    b = model.encode_document(docs, dataset_embeddings=ctx[torch.randperm(8)])
+    np.testing.assert_allclose(a, b, atol=1e-5)  # the context is a set: no positions for context rows
+    assert np.abs(a - model.encode_document(docs, dataset_embeddings=ctx[:3])).max() > 1e-4
+    alone = np.stack([model.encode_document([d], dataset_embeddings=ctx)[0] for d in docs])
+    np.testing.assert_allclose(alone, a, atol=1e-5)  # padding and batch mates do not leak
+    model.set_context(inputs["context_docs"])
+    before = model.encode_query(inputs["queries"])
+    model.save(str(tmp_path / "saved"))
+    after = ContextualSentenceTransformer(str(tmp_path / "saved")).encode_query(inputs["queries"])
+    assert np.abs(before - after).max() == 0
