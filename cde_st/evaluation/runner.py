@@ -47,16 +47,23 @@ class TaskDataError(RuntimeError):
 
 
 def load_model(name_or_path: str | Path, device: str | None = None):
-    """Load a sentence-transformers model from a folder or a hub id; CDE folders load as
-    ``ContextualSentenceTransformer`` (no ``trust_remote_code`` needed).
+    """Load a sentence-transformers model from a folder or a hub id; CDE folders and the released CDE models
+    (``jxm/cde-small-v2``, ``cde-small``, ...) load as ``ContextualSentenceTransformer`` (no ``trust_remote_code``).
 
     Raises:
         FileNotFoundError: a path-like name whose folder does not exist, or a folder that is not a model.
     """
     from sentence_transformers import SentenceTransformer
 
+    from cde_st.released import is_released_checkpoint
+
     spec = str(name_or_path)
     path = Path(spec).expanduser()
+    if is_released_checkpoint(spec):
+        # cde-small-v1/v2 (hub id, short name or a local copy of the released files): native, no remote code
+        from cde_st import ContextualSentenceTransformer
+
+        return ContextualSentenceTransformer(spec, device=device)
     if path.exists():
         if not path.is_dir() or not ((path / "modules.json").is_file() or (path / "config.json").is_file()):
             raise FileNotFoundError(
