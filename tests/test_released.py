@@ -280,3 +280,29 @@ def test_rotary_backbone_own_mode(tiny_rotary_dir, inputs, tmp_path):
     model.save(str(tmp_path / "saved"))
     after = ContextualSentenceTransformer(str(tmp_path / "saved")).encode_query(inputs["queries"])
     assert np.abs(before - after).max() == 0
+
+
+def test_eval_kit_runs_a_released_model(fixture_dir, tmp_path):
+    """eval/run_mteb.py --model <released> loads it natively and uses the released prompt conventions."""
+    from cde_st.evaluation import evaluate_model
+    from cde_st.evaluation.runner import load_model
+
+    folder = tmp_path / "data" / "retrieval" / "tinyret"
+    (folder / "qrels").mkdir(parents=True)
+    topics = ["cells make energy", "bees dance for flowers", "volcanoes cool the climate", "interest rates"]
+    corpus = [{"_id": f"d{i}", "title": "", "text": f"{topics[i % 4]} {i}"} for i in range(12)]
+    queries = [{"_id": f"q{i}", "text": topics[i % 4]} for i in range(4)]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    (folder / "queries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in queries))
+    (folder / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(4))
+    )
+
+    model = load_model(str(fixture_dir / "v2"))
+    assert isinstance(model, ContextualSentenceTransformer) and model.context_size == 8
+    report = evaluate_model(
+        model, ["tinyret"], data_dir=tmp_path / "data", output_dir=tmp_path / "out", show_progress_bar=False
+    )
+    (entry,) = report.runs[0].context_log
+    assert entry["size"] == 8 and entry["prompt"] == "search_document: " and entry["pool_size"] == 12
+    assert 0.0 <= report.score("tinyret") <= 100.0
