@@ -309,10 +309,22 @@ def test_context_is_seeded_by_batch_content(make_tiny_cde):
 
 
 # ---------------------------------------------------------------- gradient caching == no caching
+ATTENTION_MODES = {
+    "joint": {},
+    "cached": {"context_attention": "cached"},
+    "joint-gate": {"context_gate": True},
+    "cached-gate": {"context_attention": "cached", "context_gate": True},
+}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_cached_gradients_equal_uncached_contextual(make_tiny_cde, tiny_guide, dtype, bidirectional):
-    model = make_tiny_cde(context_size=16, sequence_dropout=0.0).to(dtype)
+@pytest.mark.parametrize("mode", sorted(ATTENTION_MODES))
+def test_cached_gradients_equal_uncached_contextual(make_tiny_cde, tiny_guide, dtype, bidirectional, mode):
+    model = make_tiny_cde(context_size=16, sequence_dropout=0.0, **ATTENTION_MODES[mode]).to(dtype)
+    if model.contextual_module.gates is not None:
+        with torch.no_grad():  # open the gates, so that the context (and the first stage) get gradients
+            model.contextual_module.gates.uniform_(0.2, 0.8, generator=torch.Generator().manual_seed(0))
     model.train()
     columns = _columns(model, negatives=True, duplicate=True)
     kwargs = dict(guide=tiny_guide, temperature=0.05, margin=0.05, bidirectional=bidirectional)
@@ -323,6 +335,7 @@ def test_cached_gradients_equal_uncached_contextual(make_tiny_cde, tiny_guide, d
     assert any(n.startswith("0.first_stage.") for n in grads_d), "the first stage must receive gradients"
     assert any(n.startswith("0.second_stage.") for n in grads_d)
     assert "0.null_vector" in grads_d  # 12 documents in 16 slots: 4 null slots
+    assert all(grads_d[n].abs().sum() > 0 for n in grads_d if n.startswith("0.first_stage.encoder.layer.1."))
     tol = F32_TOL if dtype == torch.float32 else F64_TOL
     torch.testing.assert_close(value_c, value_d, rtol=tol, atol=tol)
     _assert_same_gradients(grads_d, grads_c, rtol=tol)

@@ -13,6 +13,7 @@ per row of the joint sequence, where ``-1`` means "no rotation" (cos 1, sin 0), 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.masking_utils import create_bidirectional_mask, create_bidirectional_sliding_window_mask
 
@@ -77,6 +78,59 @@ class BackboneAdapter:
         """
         raise NotImplementedError
 
+    #: Whether :meth:`context_states` / :meth:`encode_split` are implemented (cached context, context gate).
+    split_attention: bool = False
+
+    def context_states(self, model: PreTrainedModel, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the keys and values of the prefix rows when they attend only to each other:
+        (P, d) -> [(k, v)] with k, v (1, heads, P, head_dim). They depend on the corpus alone, so they can be
+        computed once per context and reused for every text (``context_attention="cached"``)."""
+        raise ValueError(f"{type(self).__name__} does not implement split (cached / gated) context attention.")
+
+    def encode_split(
+        self,
+        model: PreTrainedModel,
+        context: torch.Tensor,
+        text: torch.Tensor,
+        text_mask: torch.Tensor,
+        cached: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        gates: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Encode (B, L, d) text against a (P, d) prefix with cde_st's own attention variants -> (B, L, d).
+
+        ``cached``: the prefix's per-layer keys/values from :meth:`context_states` (context rows attend only to
+        context rows); None: joint attention (prefix rows also attend to the text, recomputed per batch).
+        ``gates`` (layers, heads) or None: text rows read the prefix through a separate softmax scaled by
+        tanh(gate), added to their text-only attention; zero gates give exactly the plain encoder on the text.
+        """
+        raise ValueError(f"{type(self).__name__} does not implement split (cached / gated) context attention.")
+
+
+def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """(B, S, H * hd) -> (B, H, S, hd)."""
+    return x.view(*x.shape[:2], -1, head_dim).transpose(1, 2)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, S, hd) -> (B, S, H * hd)."""
+    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1)
+
+
+def _text_attention(q, k, v, k_pre, v_pre, text_mask, gate, dropout_p):
+    """Attention of text queries over [prefix ; text] keys. (B, H, L, hd) each; prefix (B, H, P, hd).
+
+    Without a gate: one softmax over prefix and text keys (padding masked). With a gate (H,): a text-only softmax
+    plus tanh(gate) times a prefix-only softmax (zero-init attention adapters)."""
+    if gate is None:
+        keys, values = torch.cat([k_pre, k], dim=2), torch.cat([v_pre, v], dim=2)
+        mask = torch.cat([text_mask.new_ones(text_mask.shape[0], k_pre.shape[2]), text_mask], dim=1)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None, None, :], dropout_p=dropout_p)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=text_mask[:, None, None, :], dropout_p=dropout_p)
+    if k_pre.shape[2] == 0:
+        return out
+    read = F.scaled_dot_product_attention(q, k_pre, v_pre, dropout_p=dropout_p)
+    return out + torch.tanh(gate).view(1, -1, 1, 1).to(out.dtype) * read
+
 
 class BertAdapter(BackboneAdapter):
     """BERT-family absolute-position encoders (BERT, MiniLM, BGE, E5, GTE, RoBERTa, XLM-R, ELECTRA).
@@ -104,6 +158,50 @@ class BertAdapter(BackboneAdapter):
         # (4-D additive mask for eager, boolean for SDPA, None/unpadding info for flash-attention).
         mask = create_bidirectional_mask(config=model.config, inputs_embeds=hidden, attention_mask=attention_mask)
         return model.encoder(hidden, attention_mask=mask).last_hidden_state
+
+    split_attention = True
+
+    # A BertLayer is: self-attention (query/key/value), attention.output (dense, dropout, residual, LayerNorm),
+    # intermediate and output (FFN, residual, LayerNorm). The split paths below reuse those modules as they are.
+    def _qkv(self, layer, hidden):
+        attn = layer.attention.self
+        return [_heads(proj(hidden), attn.attention_head_size) for proj in (attn.query, attn.key, attn.value)]
+
+    def _finish(self, layer, attended, hidden):
+        out = layer.attention.output(_merge_heads(attended), hidden)
+        return layer.output(layer.intermediate(out), out)
+
+    def _dropout(self, layer) -> float:
+        return layer.attention.self.dropout.p if layer.training else 0.0
+
+    def context_states(self, model, context):
+        hidden, states = context.unsqueeze(0), []
+        for layer in model.encoder.layer:
+            q, k, v = self._qkv(layer, hidden)
+            states.append((k, v))
+            attended = F.scaled_dot_product_attention(q, k, v, dropout_p=self._dropout(layer))
+            hidden = self._finish(layer, attended, hidden)
+        return states
+
+    def encode_split(self, model, context, text, text_mask, cached, gates):
+        batch, text_mask = text.shape[0], text_mask.bool()
+        prefix = None if cached is not None else context.unsqueeze(0).expand(batch, -1, -1)
+        joint_mask = torch.cat([text_mask.new_ones(batch, context.shape[0]), text_mask], dim=1)[:, None, None, :]
+        hidden = text
+        for i, layer in enumerate(model.encoder.layer):
+            p = self._dropout(layer)
+            q, k, v = self._qkv(layer, hidden)
+            if cached is not None:
+                k_pre, v_pre = (t.expand(batch, -1, -1, -1) for t in cached[i])
+            else:
+                q_pre, k_pre, v_pre = self._qkv(layer, prefix)
+                attended = F.scaled_dot_product_attention(
+                    q_pre, torch.cat([k_pre, k], 2), torch.cat([v_pre, v], 2), attn_mask=joint_mask, dropout_p=p
+                )
+                prefix = self._finish(layer, attended, prefix)
+            gate = None if gates is None else gates[i]
+            hidden = self._finish(layer, _text_attention(q, k, v, k_pre, v_pre, text_mask, gate, p), hidden)
+        return hidden
 
 
 def _rotary(cos_sin: tuple[torch.Tensor, torch.Tensor], position_ids: torch.Tensor):

@@ -133,6 +133,15 @@ class ContextualTransformer(InputModule):
         attn_implementation: "sdpa", "eager", "flash_attention_2", or "auto" (flash-attention 2 when installed
             (``pip install cde_st[flash]``) on a CUDA machine with a half-precision default dtype, else SDPA).
 
+    Attention between text and context (cde_st's own models; the released checkpoints use "joint", no gate):
+        context_attention: "joint" (the paper: context rows attend to the text too, so they are recomputed for
+            every text) or "cached" (context rows attend only to context rows: their keys and values depend on the
+            corpus alone, are computed once per context and reused, so a text costs about what the bi-encoder
+            costs plus attention over J extra keys).
+        context_gate: text rows read the context through a separate softmax scaled by tanh(g), one zero-initialised
+            g per layer and head, added to their text-only attention. An untrained model is then exactly the
+            encoder it was built from, whatever the context; training can only add what the context contributes.
+
     Released-checkpoint compatibility (``cde_st.released`` sets these for cde-small-v1/v2; the defaults keep
     cde_st's own position-free design):
         soft_prompt_tokens: learned prompt vectors between the context and the text (released: 8; ours: 0).
@@ -179,6 +188,8 @@ class ContextualTransformer(InputModule):
         "local_attention_scope",
         "pool_skip_instruction",
         "context_padding",
+        "context_attention",
+        "context_gate",
     ]
     forward_kwargs = {"dataset_embeddings"}
 
@@ -205,6 +216,8 @@ class ContextualTransformer(InputModule):
         local_attention_scope: str = "text",
         pool_skip_instruction: str | None = None,
         context_padding: str = "null",
+        context_attention: str = "joint",
+        context_gate: bool = False,
     ) -> None:
         super().__init__()
         if context_size < 0:
@@ -218,6 +231,7 @@ class ContextualTransformer(InputModule):
         _check_choice("prefix_positions", prefix_positions, ("none", "sequence", "sequence_except_context"))
         _check_choice("local_attention_scope", local_attention_scope, ("text", "sequence"))
         _check_choice("context_padding", context_padding, ("null", "tile"))
+        _check_choice("context_attention", context_attention, ("joint", "cached"))
         if soft_prompt_tokens < 0:
             raise ValueError(f"soft_prompt_tokens must be >= 0, got {soft_prompt_tokens}.")
         self.context_size = context_size
@@ -238,6 +252,8 @@ class ContextualTransformer(InputModule):
         self.local_attention_scope = local_attention_scope
         self.pool_skip_instruction = pool_skip_instruction
         self.context_padding = context_padding
+        self.context_attention = context_attention
+        self.context_gate = context_gate
 
         self.tokenizer = tokenizer
         self.first_stage = (
@@ -257,6 +273,17 @@ class ContextualTransformer(InputModule):
                 f"prefix_positions={prefix_positions!r} needs a rotary backbone; "
                 f"{self.second_stage.config.model_type!r} adds absolute positions to the text only."
             )
+        if self._split_attention:
+            if not self.second_adapter.split_attention:
+                raise ValueError(
+                    f"context_attention='cached' and context_gate are not implemented for "
+                    f"{self.second_stage.config.model_type!r} backbones yet (BERT family only)."
+                )
+            if embed_joint_sequence or prefix_positions != "none":
+                raise ValueError(
+                    "context_attention='cached' / context_gate are cde_st's own modes; they do not combine with the "
+                    "released-compatibility fields embed_joint_sequence / prefix_positions."
+                )
         self._instruction_token_id = None
         if pool_skip_instruction is not None:
             ids = tokenizer.encode(pool_skip_instruction, add_special_tokens=False)
@@ -288,6 +315,13 @@ class ContextualTransformer(InputModule):
             pad = self.second_adapter.embed_tokens(self.second_stage, torch.tensor([[pad_id]]), None)[0, 0]
         self.null_vector = nn.Parameter(pad.detach().clone())
         self.soft_prompt = _SoftPrompt(d2, soft_prompt_tokens) if soft_prompt_tokens else None
+        config2 = self.second_stage.config
+        self.gates = (
+            nn.Parameter(torch.zeros(config2.num_hidden_layers, config2.num_attention_heads)) if context_gate else None
+        )
+        # Cached mode, inference: the active context's per-layer keys/values, keyed by the context they came from.
+        self._context_cache: tuple[Any, list] | None = None
+        self._register_load_state_dict_pre_hook(lambda *args, **kwargs: self._drop_context_cache())
         if output_head == "none":
             self.head = nn.Identity()
         else:
@@ -445,11 +479,13 @@ class ContextualTransformer(InputModule):
                 context, seed=seed, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar
             )
         self.context_vectors = vectors.detach().to(self.device)
+        self._drop_context_cache()
         self.context_info = info
         return info
 
     def clear_context(self) -> None:
         """Forget the active context: encoding falls back to the null context (with a warning)."""
+        self._drop_context_cache()
         self.context_vectors = None
         self.context_info = None
         self._warned_null_context = False
@@ -520,13 +556,19 @@ class ContextualTransformer(InputModule):
         if self.soft_prompt is not None:
             prefix = torch.cat([prefix, self.soft_prompt().to(text.dtype)])  # (J + n_prompt, d2)
         batch, num_prefix = input_ids.shape[0], prefix.shape[0]
-        hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, P + L, d2)
-        if self.embed_joint_sequence:
-            hidden = adapter.embed_sequence(backbone, hidden)
-        joint_mask = torch.cat([attention_mask.new_ones(batch, num_prefix), attention_mask], dim=1)
-        positions = self._position_ids(num_ctx, num_prefix, input_ids.shape[1], input_ids.device)
-        out = adapter.encode(backbone, hidden, joint_mask, positions, num_prefix, self.local_attention_scope)
-        out = out[:, num_prefix:]
+        if self._split_attention:
+            cached = None
+            if self.context_attention == "cached":
+                cached = self._cached_states(prefix, reusable=dataset_embeddings is None and not self.training)
+            out = adapter.encode_split(backbone, prefix, text, attention_mask, cached, self.gates)
+        else:
+            hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, P + L, d2)
+            if self.embed_joint_sequence:
+                hidden = adapter.embed_sequence(backbone, hidden)
+            joint_mask = torch.cat([attention_mask.new_ones(batch, num_prefix), attention_mask], dim=1)
+            positions = self._position_ids(num_ctx, num_prefix, input_ids.shape[1], input_ids.device)
+            out = adapter.encode(backbone, hidden, joint_mask, positions, num_prefix, self.local_attention_scope)
+            out = out[:, num_prefix:]
 
         pool_mask = attention_mask
         prompt_length = features.get("prompt_length")
@@ -539,6 +581,34 @@ class ContextualTransformer(InputModule):
         features["token_embeddings"] = out
         features["sentence_embedding"] = self.head(_mean_pool(out, pool_mask))
         return features
+
+    @property
+    def _split_attention(self) -> bool:
+        return self.context_attention == "cached" or self.context_gate
+
+    def _drop_context_cache(self) -> None:
+        self._context_cache = None
+
+    def train(self, mode: bool = True):
+        if mode:
+            self._drop_context_cache()  # weights are about to change
+        return super().train(mode)
+
+    def _cached_states(self, prefix: torch.Tensor, reusable: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The prefix's per-layer keys/values (cached mode); kept while the active context and weights stay."""
+        if not reusable:
+            return self.second_adapter.context_states(self.second_stage, prefix)
+        key = (id(self.context_vectors), prefix.dtype, prefix.device)
+        if self._context_cache is None or self._context_cache[0] != key:
+            with torch.no_grad():
+                self._context_cache = (key, self.second_adapter.context_states(self.second_stage, prefix))
+        return self._context_cache[1]
+
+    def context_cache_bytes(self) -> int:
+        """Memory held by the cached keys/values of the active context (0 when nothing is cached)."""
+        if self._context_cache is None:
+            return 0
+        return sum(t.numel() * t.element_size() for kv in self._context_cache[1] for t in kv)
 
     def _position_ids(self, num_ctx: int, num_prefix: int, text_length: int, device) -> torch.Tensor:
         """One rotary position per row of [context ; soft prompt ; text] (NO_POSITION: no rotation)."""

@@ -1,0 +1,143 @@
+"""cde_st's own attention modes between text and context: the cached context (context attends only to context)
+and the zero-initialised context gate (an untrained model is its encoder)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+
+from cde_st import ContextualSentenceTransformer
+
+DOCS = [
+    "The cat sat on the mat.",
+    "Rain forms when water vapour condenses into droplets.",
+    "Stocks fell sharply on Monday after the announcement.",
+    "Proteins fold into three-dimensional shapes that determine their function in the cell.",
+    "A short one.",
+    "Glaciers are retreating in most mountain ranges of the world.",
+]
+
+
+def _uncached_reference(model, texts: list[str], context: torch.Tensor) -> torch.Tensor:
+    """The cached mode computed without any cache or split path: HF's own encoder over [context ; text] with a
+    4-D mask in which context rows see only context rows."""
+    module = model.contextual_module
+    features = module.preprocess(texts)
+    ids, mask = features["input_ids"], features["attention_mask"]
+    text = module.second_adapter.embed_tokens(module.second_stage, ids, features.get("token_type_ids"))
+    prefix = module._context_slots(context, text.dtype)
+    batch, p, length = ids.shape[0], prefix.shape[0], ids.shape[1]
+    hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)
+    keys_valid = torch.cat([mask.new_ones(batch, p), mask], dim=1).bool()[:, None, None, :]
+    rows = torch.arange(p + length)
+    allowed = (rows[:, None] >= p) | (rows[None, :] < p)  # text rows see all; context rows only context
+    mask4d = keys_valid & allowed[None, None]
+    out = module.second_stage.encoder(hidden, attention_mask=mask4d).last_hidden_state[:, p:]
+    pooled = (out * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
+    return module.head(pooled)
+
+
+@pytest.mark.parametrize("num_context", [0, 3, 8])
+def test_cached_mode_equals_uncached_computation(make_tiny_cde, num_context):
+    model = make_tiny_cde(context_size=8, context_attention="cached")
+    context = torch.randn(num_context, model.contextual_module.hidden_size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = _uncached_reference(model, DOCS, context)
+    if num_context:
+        model.set_context(context)
+    else:
+        model.clear_context()
+    first = model.encode(DOCS, convert_to_tensor=True)  # builds the cache
+    assert model.contextual_module.context_cache_bytes() > 0
+    second = model.encode(DOCS, convert_to_tensor=True, batch_size=2)  # reuses it
+    per_call = model.encode(DOCS, convert_to_tensor=True, dataset_embeddings=context) if num_context else first
+    assert (first - expected).abs().max() <= 1e-5
+    assert (second - first).abs().max() <= 1e-6
+    assert (per_call - first).abs().max() <= 1e-6
+
+
+def test_cached_mode_contracts(make_tiny_cde, tmp_path):
+    model = make_tiny_cde(context_size=8, context_attention="cached")
+    ctx = torch.randn(8, model.contextual_module.hidden_size, generator=torch.Generator().manual_seed(0))
+    a = model.encode_document(DOCS, dataset_embeddings=ctx)
+    np.testing.assert_allclose(a, model.encode_document(DOCS, dataset_embeddings=ctx[torch.randperm(8)]), atol=1e-5)
+    assert np.abs(a - model.encode_document(DOCS, dataset_embeddings=ctx[:4])).max() > 1e-4
+    alone = np.stack([model.encode_document([d], dataset_embeddings=ctx)[0] for d in DOCS])
+    np.testing.assert_allclose(alone, a, atol=1e-5)
+    model.set_context(DOCS, seed=0)
+    before = model.encode_query(DOCS)
+    model.save(str(tmp_path / "m"))
+    reloaded = ContextualSentenceTransformer(str(tmp_path / "m"))
+    assert reloaded.contextual_module.context_attention == "cached"
+    assert np.abs(reloaded.encode_query(DOCS) - before).max() == 0
+
+
+def test_cache_follows_context_and_weights(make_tiny_cde):
+    model = make_tiny_cde(context_size=8, context_attention="cached")
+    module = model.contextual_module
+    model.set_context(DOCS[:3])
+    a = model.encode(DOCS)
+    model.set_context(DOCS[3:])
+    b = model.encode(DOCS)
+    assert np.abs(a - b).max() > 1e-4  # a new context is never served from the old cache
+    with torch.no_grad():
+        for param in module.second_stage.parameters():
+            param.add_(0.01)
+    model.train()  # a training step invalidates the cache ...
+    model.eval()
+    c = model.encode(DOCS)
+    fresh = model.encode(DOCS, dataset_embeddings=module.context_vectors)
+    np.testing.assert_allclose(c, fresh, atol=1e-6)  # ... so the cache matches the new weights
+    module.load_state_dict(module.state_dict())
+    assert module.context_cache_bytes() == 0
+
+
+@pytest.mark.parametrize("attention", ["joint", "cached"])
+def test_zero_gate_is_exactly_the_encoder(make_tiny_cde, attention):
+    """With the gate at zero, the context (none, partial or full) changes nothing; a non-zero gate does."""
+    model = make_tiny_cde(context_size=8, context_attention=attention, context_gate=True)
+    plain = make_tiny_cde(context_size=0)  # same seed -> same second-stage weights and head
+    module = model.contextual_module
+    expected = plain.encode(DOCS)
+    for n in (0, 3, 8):
+        ctx = torch.randn(n, module.hidden_size, generator=torch.Generator().manual_seed(n))
+        got = model.encode(DOCS, dataset_embeddings=ctx) if n else model.encode(DOCS)
+        assert np.abs(got - expected).max() <= 1e-5
+    with torch.no_grad():
+        module.gates.fill_(0.5)
+    assert np.abs(model.encode(DOCS, dataset_embeddings=ctx) - expected).max() > 1e-4
+
+
+def test_gate_gets_gradient_at_zero(make_tiny_cde):
+    model = make_tiny_cde(context_size=8, context_gate=True, context_attention="cached")
+    module = model.contextual_module
+    module.train()
+    features = module.preprocess(DOCS)
+    ctx = torch.randn(8, module.hidden_size, generator=torch.Generator().manual_seed(0))
+    out = module(features, dataset_embeddings=ctx)["sentence_embedding"]
+    out.pow(2).sum().backward()
+    assert module.gates.grad is not None and module.gates.grad.abs().sum() > 0
+
+
+def test_modes_need_a_supported_backbone(make_tiny_cde):
+    with pytest.raises(ValueError, match="context_attention"):
+        make_tiny_cde(context_attention="both")
+
+
+def test_gated_minilm_starts_as_minilm(minilm):
+    """The issue's step-0 test: from all-MiniLM-L6-v2 with the gate, empty / partial / full context -> MiniLM."""
+    base = SentenceTransformer(minilm)
+    expected = base.encode(DOCS)
+    for attention in ("cached", "joint"):
+        model = ContextualSentenceTransformer.from_encoder(
+            minilm, context_size=8, prompts={}, context_gate=True, context_attention=attention
+        )
+        model.eval()
+        assert np.abs(model.encode(DOCS, normalize_embeddings=True) - expected).max() <= 1e-5
+        model.set_context(DOCS[:3])  # partial: 3 real documents tiled to 8 slots
+        assert np.abs(model.encode(DOCS, normalize_embeddings=True) - expected).max() <= 1e-5
+        partial = model.embed_context(DOCS)[:5]  # 5 real vectors + 3 null slots
+        got = model.encode(DOCS, normalize_embeddings=True, dataset_embeddings=partial)
+        assert np.abs(got - expected).max() <= 1e-5
