@@ -628,3 +628,44 @@ def test_training_steps_reduce_held_out_loss_minilm(minilm, minilm_guide, shared
     _train_steps(model, loss, batches, steps=4, lr=5e-5)
     after = _eval_loss(model, loss, held_q, held_d)
     assert after < before, (before, after)
+
+
+# ---------------------------------------------------------------- context dropout (partial and empty contexts)
+def test_context_dropout_draws_partial_and_empty_contexts(make_tiny_cde):
+    model = make_tiny_cde(context_size=16)
+    model.train()
+    docs = model.preprocess(DOCS[:12], prompt="search_document: ")
+    loss = FilteredInfoNCELoss(model, guide=False, context_dropout=0.5)
+    sizes = [loss._context_features(model.contextual_module, docs)["input_ids"].shape[0] for _ in range(60)]
+    assert sizes.count(12) > 10 and 0 in sizes and all(0 <= s <= 12 for s in sizes)
+    assert len(set(sizes)) > 5  # J' varies from batch to batch
+    model.eval()  # never at evaluation
+    assert loss._context_features(model.contextual_module, docs)["input_ids"].shape[0] == 12
+    with pytest.raises(ValueError, match="context_dropout"):
+        FilteredInfoNCELoss(model, guide=False, context_dropout=1.5)
+
+
+@pytest.mark.parametrize("target", ["empty", "partial"])
+def test_context_dropout_cached_equals_uncached(make_tiny_cde, tiny_guide, target):
+    model = make_tiny_cde(context_size=16, sequence_dropout=0.0, context_gate=True)
+    with torch.no_grad():
+        model.contextual_module.gates.fill_(0.5)
+    model.train()
+    columns = _columns(model)
+    direct = FilteredInfoNCELoss(model, guide=tiny_guide, context_dropout=1.0)
+    cached = FilteredInfoNCELoss(
+        model, guide=tiny_guide, context_dropout=1.0, mini_batch_size=5, context_mini_batch_size=3
+    )
+    # find a call whose draw gives the wanted context size, then put both losses on it
+    for call in range(200):
+        direct._context_calls = call
+        n = direct._context_features(model.contextual_module, dict(columns[1]))["input_ids"].shape[0]
+        if (n == 0) if target == "empty" else (0 < n < 12):
+            break
+    direct._context_calls = cached._context_calls = call
+    value_d, grads_d = _gradients(model, direct, columns)
+    value_c, grads_c = _gradients(model, cached, columns)
+    torch.testing.assert_close(value_c, value_d, rtol=F32_TOL, atol=F32_TOL)
+    _assert_same_gradients(grads_d, grads_c, rtol=F32_TOL)
+    first_stage = [n for n in grads_d if n.startswith("0.first_stage.")]
+    assert bool(first_stage) == (target == "partial")  # an empty context never reaches the first stage

@@ -32,6 +32,7 @@ from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from sentence_transformers import SentenceTransformer
@@ -201,6 +202,10 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         filter_false_negatives: False disables the guide (plain InfoNCE; no guide is loaded).
         context_seed: base seed of the context sampling (the per-batch seed also hashes the batch's tokens, so
             a batch always gets the same context, independent of step counters).
+        context_dropout: probability that a batch's context is cut to a uniformly drawn J' in {0, ..., n - 1} of
+            its n documents, the remaining slots null (not in the paper). Teaches the model partial and empty
+            contexts, so that it stays a good bi-encoder with J = 0 instead of collapsing. The draw is seeded by
+            the batch's tokens and a call counter, so the cached and uncached paths see the same context.
 
     References:
         - Contextual Document Embeddings (Morris & Rush, ICLR 2025): https://arxiv.org/abs/2410.02525
@@ -269,8 +274,11 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         bidirectional: bool = False,
         filter_false_negatives: bool = True,
         context_seed: int = 0,
+        context_dropout: float = 0.0,
     ) -> None:
         super().__init__()
+        if not 0.0 <= context_dropout <= 1.0:
+            raise ValueError(f"context_dropout must be in [0, 1], got {context_dropout}.")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}.")
         for name, value in (("mini_batch_size", mini_batch_size), ("context_mini_batch_size", context_mini_batch_size)):
@@ -283,6 +291,8 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         self.context_mini_batch_size = context_mini_batch_size or mini_batch_size
         self.bidirectional = bidirectional
         self.context_seed = context_seed
+        self.context_dropout = context_dropout
+        self._context_calls = 0
         self._warned_unprompted_context = False
 
         if not filter_false_negatives or guide is False:
@@ -366,17 +376,30 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
             )
             self._warned_unprompted_context = True
         ids = documents["input_ids"]
-        seed = self.context_seed
-        if ids.shape[0] > module.context_size:
-            digest = hashlib.blake2b(ids.detach().cpu().numpy().tobytes(), digest_size=8).digest()
-            seed = int.from_bytes(digest, "little") ^ self.context_seed
-        return batch_context(
+        digest = hashlib.blake2b(ids.detach().cpu().numpy().tobytes(), digest_size=8).digest()
+        batch_seed = int.from_bytes(digest, "little") ^ self.context_seed
+        context = batch_context(
             documents,
             module.context_size,
-            seed=seed,
+            seed=batch_seed if ids.shape[0] > module.context_size else self.context_seed,
             max_length=module.context_max_seq_length,
             end_token_id=module.tokenizer.sep_token_id,
         )
+        if self.context_dropout > 0 and module.training:
+            self._context_calls += 1
+            rng = np.random.default_rng([batch_seed, self._context_calls])
+            n = context["input_ids"].shape[0]
+            if rng.random() < self.context_dropout:
+                keep = int(rng.integers(0, n))  # J' < n real documents; the model fills the rest with null
+                context = {k: v[:keep] for k, v in context.items()}
+        return context
+
+    @staticmethod
+    def _embed_context(module: ContextualTransformer, features: dict[str, Tensor]) -> Tensor:
+        """First stage on a batch's context features; an empty context (context dropout) is (0, d)."""
+        if features["input_ids"].shape[0] == 0:
+            return module.null_vector.new_zeros(0, module.hidden_size)
+        return module.embed_context_features(features)
 
     # ------------------------------------------------------------------ embedding (CachedLossMixin hooks)
     def embed_minibatch(
@@ -520,7 +543,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         path) so that wrappers decorating :meth:`calculate_loss` (MatryoshkaLoss) work the same in both modes."""
         kwargs = {}
         if context_features is not None:
-            kwargs["dataset_embeddings"] = module.embed_context_features(context_features)  # (J', d)
+            kwargs["dataset_embeddings"] = self._embed_context(module, context_features)  # (J', d)
         reps = [self.model(feature, **kwargs)["sentence_embedding"] for feature in features]
         if not torch.is_grad_enabled():
             return self.calculate_loss([[r] for r in reps], labels, guide_reps=guide_reps)
@@ -546,7 +569,9 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
 
         # Step 1a: first stage without grad, chunk by chunk, remembering each chunk's RNG state.
         context, context_ranges, context_states = None, [], []
-        if context_features is not None:
+        if context_features is not None and context_features["input_ids"].shape[0] == 0:
+            context = self._embed_context(module, context_features)  # context dropout left no document
+        elif context_features is not None:
             context_ranges = _minibatch_ranges(
                 context_features, self.context_mini_batch_size or _get_batch_size(context_features)
             )
@@ -615,6 +640,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
             "bidirectional": self.bidirectional,
             "filter_false_negatives": self.filter_false_negatives,
             "context_seed": self.context_seed,
+            "context_dropout": self.context_dropout,
         }
 
     @property
