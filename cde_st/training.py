@@ -57,9 +57,11 @@ class TrainConfig:
     bidirectional: bool = False
     mini_batch_size: int | None = None  # gradient caching (second stage)
     context_mini_batch_size: int | None = None  # gradient caching (first stage)
+    context_dropout: float = 0.0  # per batch, probability of a random partial/empty context (FilteredInfoNCELoss)
     # ---- optimisation
     batch_size: int = 512
     learning_rate: float = 2e-5
+    added_params_lr: float | None = None  # lr of what cde_st adds to the encoders (gates, heads, null); None: same
     warmup_steps: int = 1000
     num_train_epochs: float = 1.0
     max_steps: int = -1
@@ -409,6 +411,34 @@ def build_loss(cfg: TrainConfig, model):
         context_mini_batch_size=cfg.context_mini_batch_size,
         bidirectional=cfg.bidirectional,
         filter_false_negatives=cfg.filter_false_negatives,
+        context_dropout=cfg.context_dropout,
+    )
+
+
+def build_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
+    """AdamW with the trainer's defaults, weight decay off for biases and norms (tensors of one dimension), and the
+    parameters cde_st adds to the pretrained encoders (context gates, heads, null vector, soft prompt) at
+    ``added_params_lr``: they start at zero or at random, so they may want a larger step than the encoders."""
+    added = set()
+    if cfg.model != "biencoder":
+        from cde_st.model import contextual_module, is_contextual
+
+        if is_contextual(model):
+            added = {id(p) for _, p in contextual_module(model).added_parameters()}
+    groups: dict[tuple[bool, bool], list] = {}
+    for param in model.parameters():
+        if param.requires_grad:
+            groups.setdefault((id(param) in added, param.ndim >= 2), []).append(param)
+    return torch.optim.AdamW(
+        [
+            {
+                "params": params,
+                "lr": (cfg.added_params_lr or cfg.learning_rate) if is_added else cfg.learning_rate,
+                "weight_decay": cfg.weight_decay if decay else 0.0,
+            }
+            for (is_added, decay), params in sorted(groups.items())
+        ],
+        lr=cfg.learning_rate,
     )
 
 
@@ -486,7 +516,12 @@ def train(cfg: TrainConfig, resume: bool | str = False):
         report_to="none",
     )
     trainer = SentenceTransformerTrainer(
-        model=model, args=args, train_dataset=train_dataset, loss=loss, evaluator=evaluator
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        loss=loss,
+        evaluator=evaluator,
+        optimizers=(build_optimizer(cfg, model), None),  # the trainer adds its linear warm-up schedule
     )
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume or None)

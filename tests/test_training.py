@@ -97,3 +97,22 @@ def test_cli_biencoder_random_batches_and_resume(tmp_path, minilm):
     assert (out / "checkpoint-2").is_dir()
     train_main([*common, "max_steps=4", "--resume"])
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 4
+
+
+def test_optimizer_gives_added_parameters_their_own_learning_rate(make_tiny_cde):
+    from cde_st.training import TrainConfig, build_optimizer
+
+    model = make_tiny_cde(context_size=4, context_gate=True)
+    cfg = TrainConfig(learning_rate=1e-5, added_params_lr=1e-3, weight_decay=0.1)
+    optimizer = build_optimizer(cfg, model)
+    lr_of = {id(p): (g["lr"], g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]}
+    module = model.contextual_module
+    assert lr_of[id(module.gates)] == (1e-3, 0.0)
+    assert lr_of[id(module.head.fc1.weight)] == (1e-3, 0.1)
+    assert lr_of[id(module.null_vector)] == (1e-3, 0.0)
+    layer = module.second_stage.encoder.layer[0]
+    assert lr_of[id(layer.attention.self.query.weight)] == (1e-5, 0.1)
+    assert lr_of[id(layer.attention.self.query.bias)] == (1e-5, 0.0)
+    assert len(lr_of) == sum(1 for p in model.parameters() if p.requires_grad)
+    same = build_optimizer(TrainConfig(learning_rate=1e-5), model)
+    assert {g["lr"] for g in same.param_groups} == {1e-5}

@@ -582,6 +582,11 @@ class ContextualTransformer(InputModule):
         features["sentence_embedding"] = self.head(_mean_pool(out, pool_mask))
         return features
 
+    def added_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """The parameters cde_st adds to the two pretrained encoders (context head, output head, null vector,
+        context gates, soft prompt): new, so an optimiser may give them their own learning rate."""
+        return [(n, p) for n, p in self.named_parameters() if not n.startswith(("first_stage.", "second_stage."))]
+
     @property
     def _split_attention(self) -> bool:
         return self.context_attention == "cached" or self.context_gate
