@@ -416,19 +416,23 @@ def build_loss(cfg: TrainConfig, model):
 
 
 def build_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
-    """AdamW with the trainer's defaults, weight decay off for biases and norms (tensors of one dimension), and the
+    """AdamW with the trainer's defaults, weight decay off for biases, norms and context gates, and the
     parameters cde_st adds to the pretrained encoders (context gates, heads, null vector, soft prompt) at
     ``added_params_lr``: they start at zero or at random, so they may want a larger step than the encoders."""
-    added = set()
+    added, no_decay = set(), set()
     if cfg.model != "biencoder":
         from cde_st.model import contextual_module, is_contextual
 
         if is_contextual(model):
-            added = {id(p) for _, p in contextual_module(model).added_parameters()}
+            module = contextual_module(model)
+            added = {id(p) for _, p in module.added_parameters()}
+            if module.gates is not None:
+                no_decay.add(id(module.gates))  # decay would pull the gates shut
     groups: dict[tuple[bool, bool], list] = {}
     for param in model.parameters():
         if param.requires_grad:
-            groups.setdefault((id(param) in added, param.ndim >= 2), []).append(param)
+            decay = param.ndim >= 2 and id(param) not in no_decay
+            groups.setdefault((id(param) in added, decay), []).append(param)
     return torch.optim.AdamW(
         [
             {
