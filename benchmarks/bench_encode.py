@@ -1,10 +1,13 @@
-"""Encoding throughput: plain all-MiniLM-L6-v2 bi-encoder vs the contextual model (context already set).
+"""Encoding throughput: plain all-MiniLM-L6-v2 bi-encoder vs contextual models (context already set).
 
-    python benchmarks/bench_encode.py [--docs 1000] [--batch-size 32] [--max-seq-length 256] [--sizes 64 512]
+    python benchmarks/bench_encode.py [--docs 1000] [--queries 300] [--batch-size 32] [--max-seq-length 256]
+        [--sizes 64 512] [--modes joint cached]
 
-Encodes the first N SciFact documents (../shared/data) with each model (taking turns on slices of them, so that
-other load on the machine falls on all models alike) and prints docs/s and the ratio to the bi-encoder.
-Results are recorded in benchmarks/RESULTS_encode.md.
+Encodes the first N SciFact documents and the first M SciFact queries (short texts; ../shared/data) with each
+model (taking turns on slices of them, so that other load on the machine falls on all models alike) and prints
+docs/s, queries/s and the ratios to the bi-encoder. ``--modes``: the contextual models' ``context_attention``
+("joint": the paper, context rows re-encoded with every text; "cached": context keys/values computed once per
+context). Also prints the memory of each cached context. Results are recorded in benchmarks/RESULTS_encode.md.
 """
 
 from __future__ import annotations
@@ -26,12 +29,17 @@ from sentence_transformers import SentenceTransformer  # noqa: E402
 from cde_st import ContextualSentenceTransformer  # noqa: E402
 from cde_st._defaults import default_surrogate_model_path  # noqa: E402
 
-SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "retrieval" / "scifact" / "corpus.jsonl.gz"
+SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "retrieval" / "scifact"
 
 
 def scifact_docs() -> list[str]:
-    with gzip.open(SCIFACT, "rt", encoding="utf-8") as f:
+    with gzip.open(SCIFACT / "corpus.jsonl.gz", "rt", encoding="utf-8") as f:
         return [(r["title"] + " " + r["text"]).strip() for r in map(json.loads, f)]
+
+
+def scifact_queries() -> list[str]:
+    with open(SCIFACT / "queries.jsonl", encoding="utf-8") as f:
+        return [r["text"] for r in map(json.loads, f)]
 
 
 def interleaved_rates(models: dict, docs: list[str], batch_size: int, rounds: int) -> dict[str, float]:
@@ -53,33 +61,48 @@ def interleaved_rates(models: dict, docs: list[str], batch_size: int, rounds: in
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--docs", type=int, default=1000)
+    parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-seq-length", type=int, default=256)
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 512])
+    parser.add_argument("--modes", nargs="+", default=["joint", "cached"], choices=["joint", "cached"])
     parser.add_argument("--rounds", type=int, default=4, help="slices the models take turns on")
     args = parser.parse_args()
 
     corpus = scifact_docs()
-    docs = corpus[: args.docs]
+    docs, queries = corpus[: args.docs], scifact_queries()[: args.queries]
     path = default_surrogate_model_path()
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"threads {torch.get_num_threads()}; {len(docs)} SciFact docs, batch {args.batch_size}, "
+        f"threads {torch.get_num_threads()}; {len(docs)} SciFact docs, {len(queries)} SciFact queries "
+        f"(mean {sum(map(len, queries)) / len(queries):.0f} characters), batch {args.batch_size}, "
         f"max_seq_length {args.max_seq_length}"
     )
 
     models = {"all-MiniLM-L6-v2 bi-encoder": SentenceTransformer(path)}
     for size in args.sizes:
-        model = ContextualSentenceTransformer.from_encoder(path, context_size=size, prompts={})
-        model.set_context(corpus, seed=0)  # context already set: only the second stage is timed
-        models[f"contextual, J = {size}"] = model
+        for mode in args.modes:
+            model = ContextualSentenceTransformer.from_encoder(
+                path, context_size=size, prompts={}, context_attention=mode
+            )
+            model.eval()
+            model.set_context(corpus, seed=0)  # context already set: only the second stage is timed
+            models[f"contextual {mode}, J = {size}"] = model
     for model in models.values():
         model.max_seq_length = args.max_seq_length
-    rates = interleaved_rates(models, docs, args.batch_size, args.rounds)
-    base_rate = rates["all-MiniLM-L6-v2 bi-encoder"]
-    print("| model | docs/s | ratio to bi-encoder |\n|---|---|---|")
-    for name, rate in rates.items():
-        print(f"| {name} | {rate:.1f} | {rate / base_rate:.2f} |")
+    doc_rates = interleaved_rates(models, docs, args.batch_size, args.rounds)
+    query_rates = interleaved_rates(models, queries, args.batch_size, args.rounds)
+    base = "all-MiniLM-L6-v2 bi-encoder"
+    print("| model | docs/s | ratio | queries/s | ratio | cached context |\n|---|---|---|---|---|---|")
+    for name, model in models.items():
+        cache = ""
+        if isinstance(model, ContextualSentenceTransformer):
+            cache_bytes = model.contextual_module.context_cache_bytes()
+            cache = f"{cache_bytes / 2**20:.1f} MiB" if cache_bytes else "-"
+        print(
+            f"| {name} | {doc_rates[name]:.1f} | {doc_rates[name] / doc_rates[base]:.2f} | "
+            f"{query_rates[name]:.1f} | {query_rates[name] / query_rates[base]:.2f} | {cache} |"
+        )
 
 
 if __name__ == "__main__":
