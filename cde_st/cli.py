@@ -10,20 +10,29 @@ from typing import Any
 
 
 def _parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as TrainConfig fields: values read as YAML, then checked and coerced against the
+    field types (a :class:`~cde_st.training.TrainConfigError` names the item, the field and the expected type)."""
     import yaml
+
+    from cde_st.training import TrainConfig, TrainConfigError
 
     overrides = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = yaml.safe_load(value)
+            raise TrainConfigError(f"--set expects KEY=VALUE, got {item!r}.")
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise TrainConfigError(f"--set {item}: cannot read the value: {err}") from None
+        overrides.update(TrainConfig.check_values({key.strip(): parsed}, f"--set {item}"))
     return overrides
 
 
 def train_main(argv: list[str] | None = None) -> None:
     """Train a contextual model (or a bi-encoder baseline) from a preset and/or a YAML/JSON config."""
-    from cde_st.training import PRESETS, TrainConfig, train
+    from cde_st import training
+    from cde_st.training import PRESETS, TrainConfig, TrainConfigError
 
     parser = argparse.ArgumentParser(
         prog="cde-st-train",
@@ -44,15 +53,18 @@ def train_main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = _parse_overrides(args.set)
-    if args.output_dir:
-        overrides["output_dir"] = args.output_dir
-    values = TrainConfig.read_file(args.config) if args.config else {}
-    preset = args.preset or values.pop("preset", None)
-    values.pop("preset", None)
-    values.update(overrides)
-    cfg = TrainConfig.from_preset(preset, **values) if preset else TrainConfig.from_dict(values)
-    train(cfg, resume=args.resume)
+    try:
+        overrides = _parse_overrides(args.set)
+        if args.output_dir:
+            overrides["output_dir"] = args.output_dir
+        values = TrainConfig.read_file(args.config) if args.config else {}
+        preset = args.preset or values.pop("preset", None)
+        values.pop("preset", None)
+        values.update(overrides)
+        cfg = TrainConfig.from_preset(preset, **values) if preset else TrainConfig.from_dict(values)
+    except (TrainConfigError, FileNotFoundError) as err:
+        parser.error(str(err))
+    training.train(cfg, resume=args.resume)
 
 
 EVAL_DESCRIPTION = r"""Evaluate a CDE (or any sentence-transformers) model on MTEB tasks with per-task corpus context.

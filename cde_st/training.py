@@ -10,11 +10,14 @@ contextual model, or a plain bi-encoder baseline (``model: biencoder``) with ide
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import glob
 import json
 import logging
 import os
 import time
+import types
+import typing
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -25,6 +28,97 @@ import torch
 logger = logging.getLogger(__name__)
 
 SHARED_PAIRS = Path(__file__).resolve().parents[2] / "shared" / "data" / "pairs"
+
+
+class TrainConfigError(ValueError):
+    """A training config field with an unknown name, a value of the wrong type, or an unsupported choice."""
+
+
+# Fields whose value must be one of a few names (checked with the types).
+_CHOICES: dict[str, tuple[Any, ...]] = {
+    "model": ("contextual", "biencoder", "continue"),
+    "batching": ("clustered", "random"),
+    "bf16": (True, False, "auto"),
+}
+
+
+def _describe(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _coerce(value: Any, hint: Any, name: str) -> Any:
+    """``value`` as type ``hint``, converting only where the intent is unambiguous (``"1e-3"`` -> float, ``4.0``
+    -> int, one path -> ``[path]`` for a list); a ``TypeError`` naming field ``name``, the value and ``hint``
+    otherwise."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    mismatch = TypeError(f"field {name!r} = {_describe(value)}: expected {_type_name(hint)}")
+    if hint is Any:
+        return value
+    if hint is type(None):
+        if value is None:
+            return None
+        raise mismatch
+    if origin in (typing.Union, types.UnionType):
+        exact = [a for a in args if a is not Any and isinstance(value, typing.get_origin(a) or a)]
+        exact = [a for a in exact if not (isinstance(value, bool) and a in (int, float))]
+        for candidate in exact + [a for a in args if a not in exact]:
+            try:
+                return _coerce(value, candidate, name)
+            except TypeError:
+                continue
+        raise mismatch
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif origin is list:
+        (item_hint,) = args or (Any,)
+        if isinstance(value, str) and item_hint is str:
+            return [value]  # one path/name where a list is expected
+        if isinstance(value, (list, tuple)):
+            return [_coerce(v, item_hint, f"{name}[{i}]") for i, v in enumerate(value)]
+    elif origin is dict:
+        key_hint, value_hint = args or (Any, Any)
+        if isinstance(value, dict):
+            return {
+                _coerce(k, key_hint, f"{name} key {k!r}"): _coerce(v, value_hint, f"{name}[{k!r}]")
+                for k, v in value.items()
+            }
+    else:  # a hint this checker does not know: leave the value alone
+        return value
+    raise mismatch
+
+
+def _type_name(hint: Any) -> str:
+    if hint is type(None):
+        return "null"
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if typing.get_origin(hint) is list:
+        return f"a list of {_type_name(typing.get_args(hint)[0])} (or one {_type_name(typing.get_args(hint)[0])})"
+    if typing.get_origin(hint) is dict:
+        return "a dict (mapping)"
+    return getattr(hint, "__name__", str(hint))
 
 
 @dataclass
@@ -79,42 +173,102 @@ class TrainConfig:
     logging_steps: int = 10
     dataloader_num_workers: int = 0
 
+    def __post_init__(self) -> None:
+        # Direct construction (``TrainConfig(learning_rate="1e-3")``) gets the same checks as configs read from files.
+        for key, value in self.check_values(self.to_dict(), "TrainConfig(...)").items():
+            object.__setattr__(self, key, value)
+
+    @classmethod
+    def check_values(cls, values: dict[str, Any], source: str, lines: dict[str, int] | None = None) -> dict[str, Any]:
+        """``values`` checked against the fields' type hints and coerced where unambiguous (``"1e-3"`` -> 1e-3,
+        a single path -> ``[path]``); a :class:`TrainConfigError` names the source (``lines``: the line of each key
+        in a file), the field, the value and the expected type, or the unknown field."""
+        hints = typing.get_type_hints(cls)
+
+        def at(key: str) -> str:
+            return f"{source}, line {lines[key]}" if lines and key in lines else source
+
+        checked = {}
+        for key, value in values.items():
+            if key not in hints:
+                close = difflib.get_close_matches(str(key), hints, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise TrainConfigError(
+                    f"{at(key)}: unknown training config field {key!r}.{hint} Known fields: {sorted(hints)}."
+                )
+            try:
+                value = _coerce(value, hints[key], key)
+            except TypeError as err:
+                raise TrainConfigError(f"{at(key)}: {err}.") from None
+            if key in _CHOICES and value not in _CHOICES[key]:
+                raise TrainConfigError(f"{at(key)}: field {key!r} = {value!r}: expected one of {list(_CHOICES[key])}.")
+            checked[key] = value
+        return checked
+
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> TrainConfig:
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; choose from {sorted(PRESETS)}.")
-        return cls.from_dict({**PRESETS[name], **overrides})
+        values = cls.check_values(PRESETS[name], f"preset {name!r}")
+        return cls.from_dict({**values, **cls.check_values(overrides, "overrides")})
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"Unknown training config keys: {unknown}. Known keys: {sorted(known)}.")
-        return cls(**values)
+    def from_dict(cls, values: dict[str, Any], source: str = "training config") -> TrainConfig:
+        return cls(**cls.check_values(values, source))
 
-    @staticmethod
-    def read_file(path: str | os.PathLike) -> dict[str, Any]:
-        """The fields of a YAML or JSON config file (a ``preset:`` key names the preset to start from)."""
+    @classmethod
+    def read_file(cls, path: str | os.PathLike) -> dict[str, Any]:
+        """The fields of a YAML or JSON config file (a ``preset:`` key names the preset to start from), checked
+        against the field types; errors name the file and line."""
         import yaml
 
         if not os.path.exists(path):
             raise FileNotFoundError(f"Training config {path} does not exist.")
         with open(path, encoding="utf-8") as f:
-            values = json.load(f) if str(path).endswith(".json") else yaml.safe_load(f)
+            text = f.read()
+        try:
+            values = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+        except json.JSONDecodeError as err:
+            raise TrainConfigError(
+                f"{path}, line {err.lineno}: invalid JSON: {err.msg} (column {err.colno})."
+            ) from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{path}, line {mark.line + 1}" if mark is not None else str(path)
+            raise TrainConfigError(f"{where}: invalid YAML: {getattr(err, 'problem', None) or err}.") from None
         if values is not None and not isinstance(values, dict):
-            raise ValueError(f"{path}: expected a mapping of config fields, got {type(values).__name__}.")
-        return values or {}
+            raise TrainConfigError(f"{path}: expected a mapping of config fields, got {type(values).__name__}.")
+        values = dict(values or {})
+        lines = _key_lines(text)
+        preset = values.pop("preset", None)
+        if preset is not None and preset not in PRESETS:
+            where = f"{path}, line {lines['preset']}" if "preset" in lines else str(path)
+            raise TrainConfigError(f"{where}: unknown preset {preset!r}; choose from {sorted(PRESETS)}.")
+        values = cls.check_values(values, str(path), lines)
+        return {"preset": preset, **values} if preset is not None else values
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **overrides: Any) -> TrainConfig:
         """Load a YAML or JSON config; a ``preset:`` key starts from that preset; ``overrides`` win."""
-        values = {**cls.read_file(path), **overrides}
+        values = {**cls.read_file(path), **cls.check_values(overrides, "overrides")}
         preset = values.pop("preset", None)
-        return cls.from_preset(preset, **values) if preset else cls.from_dict(values)
+        return cls.from_preset(preset, **values) if preset else cls.from_dict(values, str(path))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """1-based line of each top-level key of a YAML/JSON mapping (empty when the text does not compose)."""
+    import yaml
+
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {key.value: key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
 
 
 PRESETS: dict[str, dict[str, Any]] = {

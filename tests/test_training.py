@@ -21,7 +21,7 @@ def test_presets_and_config_files(tmp_path):
     path.write_text("preset: tiny\nmodel: biencoder\nbatching: random\n")
     cfg = TrainConfig.from_file(path, max_steps=2)
     assert (cfg.model, cfg.batching, cfg.max_steps, cfg.base_model) == ("biencoder", "random", 2, "tiny")
-    with pytest.raises(ValueError, match="Unknown training config keys"):
+    with pytest.raises(ValueError, match="unknown training config field 'batchsize'. Did you mean 'batch_size'"):
         TrainConfig.from_dict({"batchsize": 3})
     with pytest.raises(ValueError, match="Unknown preset"):
         TrainConfig.from_preset("huge")
@@ -116,3 +116,80 @@ def test_optimizer_gives_added_parameters_their_own_learning_rate(make_tiny_cde)
     assert len(lr_of) == sum(1 for p in model.parameters() if p.requires_grad)
     same = build_optimizer(TrainConfig(learning_rate=1e-5), model)
     assert {g["lr"] for g in same.param_groups} == {1e-5}
+
+
+# ------------------------------------------------------------------ config fields are type-checked when read
+def _cli_config(monkeypatch, argv):
+    """The TrainConfig that ``train_main(argv)`` would train (training itself replaced by a recorder)."""
+    import cde_st.training
+
+    seen = {}
+    monkeypatch.setattr(cde_st.training, "train", lambda cfg, **kwargs: seen.setdefault("cfg", cfg))
+    train_main(argv)
+    return seen["cfg"]
+
+
+def test_set_overrides_are_coerced_to_the_field_types(monkeypatch, tmp_path):
+    cfg = _cli_config(
+        monkeypatch,
+        ["--preset", "tiny", "--output-dir", str(tmp_path / "o"), "--set", "learning_rate=1e-3", "train_data=a.jsonl"],
+    )
+    assert cfg.learning_rate == 1e-3 and isinstance(cfg.learning_rate, float)  # YAML reads "1e-3" as a string
+    assert cfg.train_data == ["a.jsonl"]  # a single path, not its characters
+    cfg = _cli_config(monkeypatch, ["--preset", "tiny", "--set", "max_steps=6.0", "added_params_lr=3", "guide=null"])
+    assert (cfg.max_steps, cfg.added_params_lr, cfg.guide) == (6, 3.0, None)
+    assert isinstance(cfg.max_steps, int) and isinstance(cfg.added_params_lr, float)
+
+
+@pytest.mark.parametrize(
+    "item, expected",
+    [
+        ("max_steps=2.5", r"max_steps.*2\.5.*int"),
+        ("learning_rate=fast", r"learning_rate.*'fast'.*float"),
+        ("filter_false_negatives=maybe", r"filter_false_negatives.*'maybe'.*bool"),
+        ("train_data=[a, 3]", r"train_data\[1\].*3.*str"),
+        ("domain_prompts=x", r"domain_prompts.*'x'.*dict"),
+        ("batching=kmeans", r"batching.*'kmeans'.*clustered"),
+        ("batchsize=3", r"[Uu]nknown.*batchsize"),
+    ],
+)
+def test_set_overrides_with_wrong_types_name_field_value_and_type(monkeypatch, capsys, item, expected):
+    import re
+
+    with pytest.raises(SystemExit) as exc:
+        _cli_config(monkeypatch, ["--preset", "tiny", "--set", item])
+    message = capsys.readouterr().err + str(exc.value.code)
+    assert "--set" in message and re.search(expected, message), message
+
+
+def test_config_file_fields_are_checked_with_file_and_line(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("preset: tiny\nlearning_rate: 1e-3\ntrain_data: data/pairs.jsonl\n")
+    cfg = TrainConfig.from_file(path)
+    assert cfg.learning_rate == 1e-3 and cfg.train_data == ["data/pairs.jsonl"]
+    path.write_text("preset: tiny\nmodel: biencoder\nmax_steps: 2.5\n")
+    with pytest.raises(ValueError, match=rf"{path}, line 3: .*max_steps.*2\.5.*int"):
+        TrainConfig.from_file(path)
+    path = tmp_path / "run.json"
+    path.write_text('{\n  "batch_size": 8,\n  "warmup_steps": "many"\n}\n')
+    with pytest.raises(ValueError, match=rf"{path}, line 3: .*warmup_steps.*'many'.*int"):
+        TrainConfig.from_file(path)
+    path.write_text('{\n  "batch_size": 8,\n  "batchsize": 8\n}\n')
+    with pytest.raises(ValueError, match=rf"{path}, line 3: .*[Uu]nknown.*batchsize"):
+        TrainConfig.from_file(path)
+    path.write_text('{\n  "batch_size": 8,\n')
+    with pytest.raises(ValueError, match=rf"{path}.*line 3"):
+        TrainConfig.from_file(path)
+
+
+def test_presets_and_direct_construction_are_checked_too(monkeypatch):
+    import cde_st.training
+
+    monkeypatch.setitem(cde_st.training.PRESETS, "broken", {"max_steps": "ten"})
+    with pytest.raises(ValueError, match=r"preset 'broken'.*max_steps.*'ten'.*int"):
+        TrainConfig.from_preset("broken")
+    with pytest.raises(ValueError, match=r"overrides.*batch_size.*1\.5.*int"):
+        TrainConfig.from_preset("tiny", batch_size=1.5)
+    assert TrainConfig(learning_rate="2e-5", exclude_domains="scifact").exclude_domains == ["scifact"]
+    with pytest.raises(ValueError, match=r"TrainConfig.*context_size.*True.*int"):
+        TrainConfig(context_size=True)
