@@ -683,11 +683,48 @@ class ContextualTransformer(InputModule):
         tokenizer = AutoTokenizer.from_pretrained(cls.load_dir_path(model_name_or_path, **hub))
         module = cls(first, second, tokenizer, **config)
         cls.load_torch_weights(model_name_or_path, model=module, **hub)
+        config_path = load_file_path(model_name_or_path, cls.config_file_name, **hub)
         context_path = load_file_path(model_name_or_path, CONTEXT_FILE, **hub)
-        if context_info is not None and context_path is not None:
-            module.context_vectors = load_file(context_path)["vectors"]
-            module.context_info = ContextInfo(**context_info)
+        expected_path = os.path.join(model_name_or_path, subfolder, CONTEXT_FILE)
+        module._load_context(context_path or expected_path, context_path is not None, context_info, config_path)
         return module
+
+    def _load_context(self, context_path: str, exists: bool, context_info: dict | None, config_path: str) -> None:
+        """Restore the saved context: ``context.safetensors`` must agree with the ``context_info`` that
+        ``cde_config.json`` records, and passes the checks of :meth:`validate_context_vectors`."""
+        if context_info is None:
+            if exists:
+                warnings.warn(
+                    f"{context_path} is ignored: {config_path} records no context (context_info is null). "
+                    "The model loads with no context; call set_context(...) or delete the stray file.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            return
+        try:
+            info = ContextInfo(**context_info)
+        except TypeError as exc:
+            raise ValueError(f"{config_path}: context_info={context_info!r} is invalid ({exc}).") from None
+        if not exists:
+            raise FileNotFoundError(
+                f"{context_path} is missing, but {config_path} records a context (context_info={context_info}). "
+                f"Restore {CONTEXT_FILE} from where the model was saved, or set context_info to null in "
+                f"{os.path.basename(config_path)} to load the model without a context."
+            )
+        tensors = load_file(context_path)
+        if "vectors" not in tensors:
+            raise ValueError(f"{context_path} has no 'vectors' tensor (it holds {sorted(tensors)}).")
+        try:
+            vectors = self.validate_context_vectors(tensors["vectors"])
+        except ValueError as exc:
+            raise ValueError(f"{context_path}: {exc}") from None
+        if len(vectors) != info.size:
+            raise ValueError(
+                f"{context_path} holds {len(vectors)} context vectors, but {config_path} records "
+                f"context_info.size={info.size}: the two files do not belong together."
+            )
+        self.context_vectors = vectors
+        self.context_info = info
 
 
 def _own_storage(model: nn.Module) -> None:

@@ -1,0 +1,111 @@
+"""Loading and input validation of ContextualTransformer / ContextualSentenceTransformer: every broken file, setting
+or input gives an error that names the problem (the file, the setting, the value) instead of a silent wrong result."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from sentence_transformers import SentenceTransformer
+
+from cde_st import ContextualSentenceTransformer
+from cde_st.modules.contextual_transformer import CONTEXT_FILE, ContextualTransformer
+
+DOCS = [
+    "The cat sat on the mat.",
+    "Rain forms when water vapour condenses into droplets.",
+    "Stocks fell sharply on Monday after the announcement.",
+    "Glaciers are retreating in most mountain ranges of the world.",
+    "Coffee contains caffeine.",
+]
+
+
+@pytest.fixture
+def saved_cde(make_tiny_cde, tmp_path) -> str:
+    """A tiny model (J = 4, hidden 32) saved with an active context."""
+    model = make_tiny_cde(context_size=4)
+    model.set_context(DOCS, seed=0)
+    path = str(tmp_path / "cde")
+    model.save(path)
+    return path
+
+
+def _edit_config(path: str, **changes) -> None:
+    config_path = os.path.join(path, "cde_config.json")
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    for key, value in changes.items():
+        if value is _DELETE:
+            del config[key]
+        else:
+            config[key] = value
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+
+
+_DELETE = object()
+
+
+# ---------------------------------------------------------------- 1. the saved context file
+def test_missing_context_file_is_an_error(saved_cde):
+    os.remove(os.path.join(saved_cde, CONTEXT_FILE))
+    with pytest.raises(FileNotFoundError, match=r"context\.safetensors.*context_info"):
+        ContextualSentenceTransformer(saved_cde)
+    with pytest.raises(FileNotFoundError, match=r"context\.safetensors.*context_info"):
+        SentenceTransformer(saved_cde, trust_remote_code=True)
+
+
+def test_stray_context_file_without_context_info_warns(saved_cde):
+    _edit_config(saved_cde, context_info=None)
+    with pytest.warns(UserWarning, match=r"context\.safetensors.*ignor"):
+        model = ContextualSentenceTransformer(saved_cde)
+    assert model.context_info is None
+
+
+@pytest.mark.parametrize(
+    ("vectors", "match"),
+    [
+        (torch.randn(5, 32), r"5 context vectors.*context_size=4"),
+        (torch.full((4, 32), float("nan")), "NaN"),
+        (torch.full((4, 32), float("inf")), "infinite"),
+        (torch.randn(4, 16), r"shape \(n, 32\)"),
+        (torch.randn(32), r"shape \(n, 32\)"),
+    ],
+    ids=["too_many_rows", "nan", "inf", "wrong_width", "1d"],
+)
+def test_context_file_is_validated_on_load(saved_cde, vectors, match):
+    save_file({"vectors": vectors.contiguous()}, os.path.join(saved_cde, CONTEXT_FILE))
+    _edit_config(saved_cde, context_info={"size": len(vectors), "seed": 0, "fingerprint": "x", "source": "texts"})
+    with pytest.raises(ValueError, match=match) as info:
+        ContextualSentenceTransformer(saved_cde)
+    assert CONTEXT_FILE in str(info.value)
+
+
+def test_context_info_size_must_match_context_file(saved_cde):
+    context_path = os.path.join(saved_cde, CONTEXT_FILE)
+    save_file({"vectors": load_file(context_path)["vectors"][:3].contiguous()}, context_path)
+    with pytest.raises(ValueError, match=r"context\.safetensors.*3 .*size=4|size=4.*3 "):
+        ContextualSentenceTransformer(saved_cde)
+
+
+def test_context_file_without_vectors_key(saved_cde):
+    save_file({"other": torch.zeros(4, 32)}, os.path.join(saved_cde, CONTEXT_FILE))
+    with pytest.raises(ValueError, match=r"context\.safetensors.*'vectors'"):
+        ContextualSentenceTransformer(saved_cde)
+
+
+def test_config_bad_context_info_is_named(saved_cde):
+    _edit_config(saved_cde, context_info={"size": 4})
+    with pytest.raises(ValueError, match=r"cde_config\.json.*context_info"):
+        ContextualSentenceTransformer(saved_cde)
+
+
+def test_load_module_directly_still_works(saved_cde):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module = ContextualTransformer.load(saved_cde)
+    assert module.context_info is not None and module.context_vectors.shape == (4, 32)
