@@ -109,3 +109,28 @@ def test_load_module_directly_still_works(saved_cde):
         warnings.simplefilter("error")
         module = ContextualTransformer.load(saved_cde)
     assert module.context_info is not None and module.context_vectors.shape == (4, 32)
+
+
+# ---------------------------------------------------------------- 2. dataset_embeddings that require grad
+@pytest.mark.parametrize(
+    ("vectors", "match"),
+    [
+        (torch.full((4, 32), float("nan")), "NaN"),
+        (torch.randn(5, 32), "context_size=4"),
+        (torch.randn(4, 16), r"shape \(n, 32\)"),
+    ],
+    ids=["nan", "too_many_rows", "wrong_width"],
+)
+def test_dataset_embeddings_requiring_grad_are_validated(make_tiny_cde, vectors, match):
+    module = make_tiny_cde(context_size=4).contextual_module
+    features = module.preprocess(DOCS[:2])
+    with pytest.raises(ValueError, match=match):
+        module(dict(features), dataset_embeddings=vectors.requires_grad_(True))
+
+
+def test_dataset_embeddings_gradient_still_flows(make_tiny_cde):
+    module = make_tiny_cde(context_size=4).contextual_module
+    features = module.preprocess(DOCS[:2])
+    vectors = torch.randn(3, 32, requires_grad=True)
+    module(dict(features), dataset_embeddings=vectors)["sentence_embedding"].sum().backward()
+    assert vectors.grad is not None and vectors.grad.abs().sum() > 0

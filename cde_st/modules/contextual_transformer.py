@@ -506,16 +506,15 @@ class ContextualTransformer(InputModule):
                 f"Got {vectors.shape[0]} context vectors but the model has context_size={self.context_size}; "
                 "sample at most that many documents (set_context(texts) samples for you)."
             )
-        if not torch.isfinite(vectors).all():
+        if not torch.isfinite(vectors.detach()).all():
             raise ValueError("Context vectors contain NaN or infinite values.")
-        return vectors.float()
+        return vectors.float()  # differentiable: vectors that require grad (training) keep their gradient path
 
     def _context_slots(self, dataset_embeddings: torch.Tensor | np.ndarray | None, dtype) -> torch.Tensor:
         """The (J, d2) context the second stage sees: given/active vectors, null-padded, with sequence dropout."""
         if dataset_embeddings is not None:
-            if isinstance(dataset_embeddings, np.ndarray) or not dataset_embeddings.requires_grad:
-                dataset_embeddings = self.validate_context_vectors(dataset_embeddings)
-            vectors = dataset_embeddings.to(device=self.device, dtype=dtype)
+            # Checked whether or not they require grad: NaN or too many rows must fail in training as well.
+            vectors = self.validate_context_vectors(dataset_embeddings).to(device=self.device, dtype=dtype)
         elif self.context_vectors is not None:
             vectors = self.context_vectors.to(dtype)
         else:
