@@ -32,7 +32,7 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
 def train_main(argv: list[str] | None = None) -> None:
     """Train a contextual model (or a bi-encoder baseline) from a preset and/or a YAML/JSON config."""
     from cde_st import training
-    from cde_st.training import PRESETS, TrainConfig, TrainConfigError
+    from cde_st.training import PRESETS, OutputDirError, TrainConfig, TrainConfigError
 
     parser = argparse.ArgumentParser(
         prog="cde-st-train",
@@ -50,6 +50,16 @@ def train_main(argv: list[str] | None = None) -> None:
         default=False,
         help="resume from the last checkpoint in output-dir (or from the given checkpoint)",
     )
+    parser.add_argument(
+        "--overwrite-output-dir",
+        action="store_true",
+        help="replace an earlier run in output-dir (its checkpoints, final model, summary and config are removed)",
+    )
+    parser.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="with --resume: continue although the config differs from the one the checkpoints were trained with",
+    )
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -64,7 +74,15 @@ def train_main(argv: list[str] | None = None) -> None:
         cfg = TrainConfig.from_preset(preset, **values) if preset else TrainConfig.from_dict(values)
     except (TrainConfigError, FileNotFoundError) as err:
         parser.error(str(err))
-    training.train(cfg, resume=args.resume)
+    try:
+        training.train(
+            cfg,
+            resume=args.resume,
+            overwrite_output_dir=args.overwrite_output_dir,
+            allow_config_change=args.allow_config_change,
+        )
+    except (OutputDirError, training.ResumeConfigError) as err:
+        parser.error(str(err))
 
 
 EVAL_DESCRIPTION = r"""Evaluate a CDE (or any sentence-transformers) model on MTEB tasks with per-task corpus context.

@@ -15,6 +15,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 import time
 import types
 import typing
@@ -634,14 +635,121 @@ def build_evaluator(cfg: TrainConfig):
     )
 
 
-def train(cfg: TrainConfig, resume: bool | str = False):
-    """Train as configured; save the final model (with its model card) to ``output_dir/final``; return it."""
+# Fields a resumed run may change: they say how long to train and what to log/keep, not what is trained.
+RESUMABLE_FIELDS = frozenset(
+    {
+        "max_steps",
+        "num_train_epochs",
+        "save_steps",
+        "save_total_limit",
+        "logging_steps",
+        "eval_steps",
+        "dataloader_num_workers",
+        "output_dir",
+    }
+)
+# What a run writes into its output folder (removed by ``overwrite_output_dir``; other files are left alone).
+_RUN_OUTPUTS = ("checkpoint-*", "final", "train_summary.json", "train_config.json", "_tiny_base")
+
+
+class OutputDirError(FileExistsError):
+    """The output folder holds an earlier run, and neither resuming nor overwriting it was asked for."""
+
+
+class ResumeConfigError(TrainConfigError):
+    """A resumed run's config differs from the one its checkpoints were trained with."""
+
+
+def _checkpoints(folder: str) -> list[str]:
+    found = glob.glob(os.path.join(glob.escape(folder), "checkpoint-*"))
+    return sorted((os.path.basename(p) for p in found if os.path.isdir(p)), key=lambda n: (len(n), n))
+
+
+def _changed_fields(previous: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """``field: old -> new`` for each field of ``cfg`` that differs from a saved ``train_config.json``."""
+    current = json.loads(json.dumps(cfg.to_dict()))  # tuples -> lists, as stored
+    defaults = json.loads(json.dumps(TrainConfig().to_dict()))
+    changed = []
+    for key, value in current.items():
+        if key in RESUMABLE_FIELDS:
+            continue
+        old = previous.get(key, defaults[key])  # a field added since the run started had its default
+        if old != value:
+            changed.append(f"{key}: {old!r} -> {value!r}")
+    return changed
+
+
+def prepare_output_dir(
+    cfg: TrainConfig,
+    resume: bool | str = False,
+    overwrite_output_dir: bool = False,
+    allow_config_change: bool = False,
+) -> None:
+    """Make ``cfg.output_dir`` ready for a run and write its ``train_config.json``.
+
+    An output folder that already holds a run (checkpoints, a final model or a summary) is refused unless the run
+    is resumed or ``overwrite_output_dir`` removes that run's outputs first. A resumed run must have the config its
+    checkpoints were trained with, except :data:`RESUMABLE_FIELDS` (how long to train, what to log and keep) or
+    with ``allow_config_change``; otherwise a :class:`ResumeConfigError` lists the changed fields.
+    """
+    out = cfg.output_dir
+    if resume and overwrite_output_dir:
+        raise ValueError("Choose one of resume (--resume) and overwrite_output_dir (--overwrite-output-dir).")
+    config_path = os.path.join(out, "train_config.json")
+    if resume:
+        checkpoint_dir = resume if isinstance(resume, str) else None
+        if checkpoint_dir is None and not _checkpoints(out):
+            raise FileNotFoundError(f"Cannot resume: {out} holds no checkpoint-* folder (nothing was saved there yet).")
+        if checkpoint_dir is not None and not os.path.isdir(checkpoint_dir):
+            raise FileNotFoundError(f"Cannot resume: checkpoint folder {checkpoint_dir} does not exist.")
+        candidates = [config_path]
+        if checkpoint_dir is not None:
+            candidates.append(os.path.join(os.path.dirname(os.path.abspath(checkpoint_dir)), "train_config.json"))
+        previous_path = next((p for p in candidates if os.path.exists(p)), None)
+        if previous_path is not None and not allow_config_change:
+            with open(previous_path, encoding="utf-8") as f:
+                changed = _changed_fields(json.load(f), cfg)
+            if changed:
+                raise ResumeConfigError(
+                    f"Cannot resume with a changed config: the run's checkpoints were trained with {previous_path}, "
+                    f"which differs in {len(changed)} field(s):\n  " + "\n  ".join(changed) + "\n"
+                    "Resume with the same config, train into a new --output-dir, or pass allow_config_change=True "
+                    "(--allow-config-change) to resume with these changes anyway."
+                )
+    else:
+        earlier = _checkpoints(out) if os.path.isdir(out) else []
+        earlier += [n for n in ("final", "train_summary.json") if os.path.exists(os.path.join(out, n))]
+        if earlier and not overwrite_output_dir:
+            raise OutputDirError(
+                f"Output folder {out} already holds a training run ({', '.join(earlier)}). Pass resume=True "
+                "(--resume) to continue it, overwrite_output_dir=True (--overwrite-output-dir) to replace it, or "
+                "choose a new output_dir (--output-dir)."
+            )
+        if overwrite_output_dir and os.path.isdir(out):
+            for pattern in _RUN_OUTPUTS:
+                for path in glob.glob(os.path.join(glob.escape(out), pattern)):
+                    logger.warning("overwrite_output_dir: removing %s", path)
+                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    os.makedirs(out, exist_ok=True)
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(cfg.to_dict(), f, indent=2)
+
+
+def train(
+    cfg: TrainConfig,
+    resume: bool | str = False,
+    overwrite_output_dir: bool = False,
+    allow_config_change: bool = False,
+):
+    """Train as configured; save the final model (with its model card) to ``output_dir/final``; return it.
+
+    ``resume``: continue from the last checkpoint in ``output_dir`` (or from the given checkpoint folder);
+    ``overwrite_output_dir``: replace an earlier run in ``output_dir``; ``allow_config_change``: resume although
+    the config differs from the checkpoints' (see :func:`prepare_output_dir`)."""
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
     torch.manual_seed(cfg.seed)
-    os.makedirs(cfg.output_dir, exist_ok=True)
-    with open(os.path.join(cfg.output_dir, "train_config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg.to_dict(), f, indent=2)
+    prepare_output_dir(cfg, resume, overwrite_output_dir, allow_config_change)
 
     pairs = load_pairs(cfg)
     train_dataset = pairs.remove_columns("domain")  # the collator would feed any extra column to the model

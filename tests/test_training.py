@@ -95,8 +95,30 @@ def test_cli_biencoder_random_batches_and_resume(tmp_path, minilm):
     ]
     train_main([*common, "max_steps=2"])
     assert (out / "checkpoint-2").is_dir()
-    train_main([*common, "max_steps=4", "--resume"])
+    train_main([*common, "max_steps=4", "--resume"])  # training longer is not a config change
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 4
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_used_output_dir_and_overwrites_only_when_asked(tmp_path, minilm, capsys):
+    out = tmp_path / "bi"
+    common = ["--preset", "tiny", "--output-dir", str(out), "--set", "model=biencoder", "batching=random"]
+    common += ["filter_false_negatives=false", "max_steps=4"]
+    train_main(common)
+    weights = (out / "checkpoint-4" / "model.safetensors").read_bytes()
+    with pytest.raises(SystemExit):
+        train_main(common)
+    assert "--overwrite-output-dir" in capsys.readouterr().err
+    assert (out / "checkpoint-4" / "model.safetensors").read_bytes() == weights
+    with pytest.raises(SystemExit):
+        train_main([*common, "learning_rate=1e-2", "--resume"])
+    assert "learning_rate: 0.001 -> 0.01" in capsys.readouterr().err
+    assert json.loads((out / "train_config.json").read_text())["learning_rate"] == 1e-3
+    train_main([*common, "learning_rate=1e-2", "max_steps=2", "--overwrite-output-dir"])
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]  # the earlier run's are gone
+    assert json.loads((out / "train_config.json").read_text())["learning_rate"] == 1e-2
+    train_main([*common, "learning_rate=5e-3", "max_steps=3", "--resume", "--allow-config-change"])
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 3
 
 
 def test_optimizer_gives_added_parameters_their_own_learning_rate(make_tiny_cde):
@@ -193,3 +215,43 @@ def test_presets_and_direct_construction_are_checked_too(monkeypatch):
     assert TrainConfig(learning_rate="2e-5", exclude_domains="scifact").exclude_domains == ["scifact"]
     with pytest.raises(ValueError, match=r"TrainConfig.*context_size.*True.*int"):
         TrainConfig(context_size=True)
+
+
+# ------------------------------------------------------------------ output folders of earlier runs are protected
+def _fake_run(folder, cfg):
+    """An output folder as a run of ``cfg`` leaves it: train_config.json, a checkpoint, a final model."""
+    (folder / "checkpoint-2").mkdir(parents=True)
+    (folder / "checkpoint-2" / "model.safetensors").write_text("weights of the earlier run")
+    (folder / "final").mkdir()
+    (folder / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+
+
+def test_existing_output_dir_is_refused_without_resume_or_overwrite(tmp_path):
+    out = tmp_path / "run"
+    cfg = TrainConfig.from_preset("tiny", output_dir=str(out), model="biencoder", batching="random")
+    _fake_run(out, cfg)
+    with pytest.raises(FileExistsError, match=r"run.*checkpoint-2.*--resume.*--overwrite-output-dir"):
+        train(cfg)
+    assert (out / "checkpoint-2" / "model.safetensors").read_text() == "weights of the earlier run"
+
+
+def test_resume_with_a_changed_config_is_refused_and_lists_the_fields(tmp_path):
+    out = tmp_path / "run"
+    cfg = TrainConfig.from_preset("tiny", output_dir=str(out), model="biencoder", batching="random")
+    _fake_run(out, cfg)
+    before = (out / "train_config.json").read_text()
+    changed = TrainConfig.from_preset(
+        "tiny", output_dir=str(out), model="biencoder", batching="random", learning_rate=5e-3, temperature=0.05
+    )
+    with pytest.raises(ValueError, match=r"changed config") as err:
+        train(changed, resume=True)
+    message = str(err.value)
+    assert "learning_rate: 0.001 -> 0.005" in message and "temperature: 0.02 -> 0.05" in message
+    assert "allow-config-change" in message and "train_config.json" in message
+    assert (out / "train_config.json").read_text() == before
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
+    cfg = TrainConfig.from_preset("tiny", output_dir=str(tmp_path / "empty"), model="biencoder", batching="random")
+    with pytest.raises(FileNotFoundError, match=r"empty.*no checkpoint"):
+        train(cfg, resume=True)
