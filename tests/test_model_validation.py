@@ -134,3 +134,39 @@ def test_dataset_embeddings_gradient_still_flows(make_tiny_cde):
     vectors = torch.randn(3, 32, requires_grad=True)
     module(dict(features), dataset_embeddings=vectors)["sentence_embedding"].sum().backward()
     assert vectors.grad is not None and vectors.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------- 3. max_seq_length
+@pytest.mark.parametrize("key", ["max_seq_length", "context_max_seq_length"])
+@pytest.mark.parametrize("value", [0, -1, 2.5, True])
+def test_bad_max_seq_length_rejected_at_construction(make_tiny_cde, key, value):
+    with pytest.raises(ValueError, match=rf"{key} must be a positive integer.*{value!r}"):
+        make_tiny_cde(context_size=4, **{key: value})
+
+
+@pytest.mark.parametrize("key", ["max_seq_length", "context_max_seq_length"])
+def test_max_seq_length_beyond_position_table_rejected(make_tiny_cde, key):
+    with pytest.raises(ValueError, match=rf"{key}=1000.*max_position_embeddings=512"):
+        make_tiny_cde(context_size=4, **{key: 1000})
+    make_tiny_cde(context_size=4, **{key: 512})  # the limit itself is fine
+
+
+def test_bad_max_seq_length_rejected_when_set(make_tiny_cde):
+    model = make_tiny_cde(context_size=4, max_seq_length=64)
+    for value in (0, -3):
+        with pytest.raises(ValueError, match=rf"max_seq_length must be a positive integer.*{value}"):
+            model.max_seq_length = value
+    with pytest.raises(ValueError, match=r"max_seq_length=513.*max_position_embeddings=512"):
+        model.max_seq_length = 513
+    with pytest.raises(ValueError, match="context_max_seq_length must be a positive integer"):
+        model.contextual_module.context_max_seq_length = 0
+    assert model.max_seq_length == 64
+    model.max_seq_length = 128
+    assert model.contextual_module.max_seq_length == 128
+    assert model.encode_document(DOCS[:2]).shape == (2, 32)
+
+
+def test_max_seq_length_in_saved_config_is_validated(saved_cde):
+    _edit_config(saved_cde, max_seq_length=0)
+    with pytest.raises(ValueError, match=r"cde_config\.json.*max_seq_length must be a positive integer"):
+        ContextualSentenceTransformer(saved_cde)

@@ -58,6 +58,32 @@ def _check_choice(name: str, value: Any, choices: tuple) -> None:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
 
 
+def _position_limit(encoder: PreTrainedModel) -> int | None:
+    """Longest text an absolute-position encoder can embed (its position table), None for rotary backbones."""
+    config = encoder.config
+    if get_adapter(config.model_type).rotary or getattr(config, "max_position_embeddings", None) is None:
+        return None
+    # RoBERTa-style embeddings count positions from padding_idx + 1 (514 rows hold 512 positions).
+    offset = getattr(getattr(encoder, "embeddings", None), "padding_idx", None)
+    return config.max_position_embeddings - (offset + 1 if isinstance(offset, int) else 0)
+
+
+def _check_seq_length(name: str, value: Any, encoder: PreTrainedModel | None) -> int:
+    """``value`` as a token limit: a positive int, at most the encoder's position table (when it has one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(
+            f"{name} must be a positive integer (a token limit; longer inputs are truncated), got {value!r}."
+        )
+    limit = None if encoder is None else _position_limit(encoder)
+    if limit is not None and value > limit:
+        config = encoder.config
+        raise ValueError(
+            f"{name}={value} exceeds what the {config.model_type!r} encoder can embed: its position table has "
+            f"max_position_embeddings={config.max_position_embeddings} ({limit} positions). Use {name} <= {limit}."
+        )
+    return int(value)
+
+
 def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B, L, d), (B, L) -> (B, d): mean over positions where mask is 1 (zero vector if none)."""
     mask = mask.to(hidden.dtype).unsqueeze(-1)
@@ -235,8 +261,6 @@ class ContextualTransformer(InputModule):
         if soft_prompt_tokens < 0:
             raise ValueError(f"soft_prompt_tokens must be >= 0, got {soft_prompt_tokens}.")
         self.context_size = context_size
-        self.max_seq_length = max_seq_length
-        self.context_max_seq_length = context_max_seq_length or max_seq_length
         self.sequence_dropout = sequence_dropout
         self.include_prompt = include_prompt
         self.first_stage_head = first_stage_head
@@ -266,6 +290,9 @@ class ContextualTransformer(InputModule):
             if isinstance(second_stage, PreTrainedModel)
             else _build_encoder(second_stage, attn_implementation)
         )
+        # Validated (positive, within the position table) now that the encoders exist; again on every later set.
+        self.max_seq_length = max_seq_length
+        self.context_max_seq_length = max_seq_length if context_max_seq_length is None else context_max_seq_length
         self.first_adapter = get_adapter(self.first_stage.config.model_type)
         self.second_adapter = get_adapter(self.second_stage.config.model_type)
         if prefix_positions != "none" and not self.second_adapter.rotary:
@@ -357,7 +384,8 @@ class ContextualTransformer(InputModule):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if "max_seq_length" not in config:
             model_max = getattr(tokenizer, "model_max_length", 512) or 512
-            config["max_seq_length"] = int(min(st_max_len or model_max, model_max, 512))
+            limit = _position_limit(second) or 512
+            config["max_seq_length"] = int(min(st_max_len or model_max, model_max, 512, limit))
         return cls(first, second, tokenizer, **config)
 
     def __repr__(self) -> str:
@@ -366,6 +394,26 @@ class ContextualTransformer(InputModule):
         return f"ContextualTransformer(backbones={backbones}, {fields})"
 
     # ------------------------------------------------------------------ properties
+    @property
+    def max_seq_length(self) -> int:
+        """Token limit of second-stage inputs (queries/documents); longer inputs are truncated."""
+        return self._max_seq_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        self._max_seq_length = _check_seq_length("max_seq_length", value, self._modules.get("second_stage"))
+
+    @property
+    def context_max_seq_length(self) -> int:
+        """Token limit of first-stage (context) documents."""
+        return self._context_max_seq_length
+
+    @context_max_seq_length.setter
+    def context_max_seq_length(self, value: int) -> None:
+        self._context_max_seq_length = _check_seq_length(
+            "context_max_seq_length", value, self._modules.get("first_stage")
+        )
+
     @property
     def device(self) -> torch.device:
         return self.null_vector.device
@@ -674,15 +722,18 @@ class ContextualTransformer(InputModule):
             revision=revision,
             local_files_only=local_files_only,
         )
+        config_path = load_file_path(model_name_or_path, cls.config_file_name, **hub)
         config = cls.load_config(model_name_or_path, **hub)
         if not config:
             raise FileNotFoundError(f"No {cls.config_file_name} in {model_name_or_path!r}: not a cde_st model.")
         context_info = config.pop("context_info", None)
         first, second = config.pop("first_stage_config"), config.pop("second_stage_config")
         tokenizer = AutoTokenizer.from_pretrained(cls.load_dir_path(model_name_or_path, **hub))
-        module = cls(first, second, tokenizer, **config)
+        try:
+            module = cls(first, second, tokenizer, **config)
+        except ValueError as exc:
+            raise ValueError(f"{config_path}: {exc}") from None
         cls.load_torch_weights(model_name_or_path, model=module, **hub)
-        config_path = load_file_path(model_name_or_path, cls.config_file_name, **hub)
         context_path = load_file_path(model_name_or_path, CONTEXT_FILE, **hub)
         expected_path = os.path.join(model_name_or_path, subfolder, CONTEXT_FILE)
         module._load_context(context_path or expected_path, context_path is not None, context_info, config_path)
