@@ -136,7 +136,12 @@ def _eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-splits", nargs="+", help="evaluate these splits instead of the task defaults")
     parser.add_argument("--model-name", help="model name in results (org/name)")
     parser.add_argument("--revision", help="model revision in results (default: hash of the weights)")
-    parser.add_argument("--no-overwrite", action="store_true", help="reuse existing results in --output-dir")
+    parser.add_argument(
+        "--no-overwrite",
+        action="store_true",
+        help="reuse results in --output-dir computed on the same data with the same context and settings "
+        "(any other cached result re-runs, with a warning that says why)",
+    )
     parser.add_argument("--device", help="torch device (default: sentence-transformers' choice)")
     parser.add_argument("--max-seq-length", type=int, help="token limit of the inputs (default: the model's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
