@@ -18,7 +18,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
 
 from cde_st.context import ContextInfo
-from cde_st.modules.contextual_transformer import ContextualTransformer
+from cde_st.modules.contextual_transformer import ContextualTransformer, check_backend
 from cde_st.released import PROMPTS as RELEASED_PROMPTS
 from cde_st.released import is_released_checkpoint, load_released, resolve_name
 
@@ -102,6 +102,7 @@ class ContextualSentenceTransformer(SentenceTransformer):
         tokenizer: Any = None,
         **kwargs,
     ) -> None:
+        check_backend(kwargs.get("backend", "torch"))  # before any loading: the released path builds modules itself
         hub = {k: kwargs.get(k) for k in ("revision", "cache_folder", "token")}
         hub["local_files_only"] = bool(kwargs.get("local_files_only", False))
         if (

@@ -170,3 +170,57 @@ def test_max_seq_length_in_saved_config_is_validated(saved_cde):
     _edit_config(saved_cde, max_seq_length=0)
     with pytest.raises(ValueError, match=r"cde_config\.json.*max_seq_length must be a positive integer"):
         ContextualSentenceTransformer(saved_cde)
+
+
+# ---------------------------------------------------------------- 4. backend and model_kwargs
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_non_torch_backend_is_refused(saved_cde, backend):
+    with pytest.raises(ValueError, match=rf"backend={backend!r}.*not supported.*backend='torch'"):
+        ContextualSentenceTransformer(saved_cde, backend=backend)
+    with pytest.raises(ValueError, match=rf"backend={backend!r}.*not supported.*backend='torch'"):
+        SentenceTransformer(saved_cde, trust_remote_code=True, backend=backend)
+
+
+@pytest.mark.parametrize(
+    "model_kwargs",
+    [{"dtype": torch.bfloat16}, {"torch_dtype": "bfloat16"}, {"dtype": "bfloat16"}],
+    ids=["dtype", "torch_dtype_str", "dtype_str"],
+)
+def test_model_kwargs_dtype_is_honoured(saved_cde, model_kwargs):
+    reference = ContextualSentenceTransformer(saved_cde)
+    model = ContextualSentenceTransformer(saved_cde, model_kwargs=model_kwargs)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.contextual_module.context_vectors.dtype == torch.float32  # the saved context is kept exact
+    got = model.encode_document(DOCS, convert_to_tensor=True).float()
+    expected = reference.encode_document(DOCS, convert_to_tensor=True)
+    torch.testing.assert_close(got, expected, atol=0.1, rtol=0.1)
+
+
+def test_model_kwargs_auto_dtype_uses_saved_dtype(saved_cde):
+    model = ContextualSentenceTransformer(saved_cde, model_kwargs={"dtype": "auto"})
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_model_kwargs_attn_implementation_is_honoured(saved_cde):
+    model = ContextualSentenceTransformer(saved_cde, model_kwargs={"attn_implementation": "eager"})
+    module = model.contextual_module
+    assert module.first_stage.config._attn_implementation == "eager"
+    assert module.second_stage.config._attn_implementation == "eager"
+    reference = ContextualSentenceTransformer(saved_cde)
+    assert reference.contextual_module.second_stage.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(
+        model.encode_query(DOCS, convert_to_tensor=True),
+        reference.encode_query(DOCS, convert_to_tensor=True),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_unsupported_model_kwargs_warn(saved_cde):
+    with pytest.warns(UserWarning, match=r"ignores.*'low_cpu_mem_usage'"):
+        ContextualSentenceTransformer(saved_cde, model_kwargs={"low_cpu_mem_usage": True})
+
+
+def test_bad_dtype_named(saved_cde):
+    with pytest.raises(ValueError, match=r"dtype.*'float99'"):
+        ContextualSentenceTransformer(saved_cde, model_kwargs={"dtype": "float99"})

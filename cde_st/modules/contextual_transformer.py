@@ -84,6 +84,31 @@ def _check_seq_length(name: str, value: Any, encoder: PreTrainedModel | None) ->
     return int(value)
 
 
+def check_backend(backend: str) -> None:
+    """Contextual models run on PyTorch only: the context hook (set_context, dataset_embeddings) has no ONNX or
+    OpenVINO export."""
+    if backend != "torch":
+        raise ValueError(
+            f"backend={backend!r} is not supported for contextual (cde_st) models: there is no ONNX/OpenVINO export "
+            "of the two-stage model and its context. Load it with backend='torch' (the default)."
+        )
+
+
+def _resolve_dtype(value: Any, encoder_config: dict) -> torch.dtype | None:
+    """``model_kwargs`` dtype (a torch dtype, its name, or "auto": the dtype the encoders were saved in) -> dtype."""
+    if value == "auto":
+        value = encoder_config.get("dtype") or encoder_config.get("torch_dtype")
+    if value is None:
+        return None
+    dtype = getattr(torch, value.removeprefix("torch."), None) if isinstance(value, str) else value
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(
+            f"model_kwargs dtype={value!r} is not a floating-point torch dtype "
+            "(e.g. torch.float32, torch.bfloat16, 'float16' or 'auto')."
+        )
+    return dtype
+
+
 def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B, L, d), (B, L) -> (B, d): mean over positions where mask is 1 (zero vector if none)."""
     mask = mask.to(hidden.dtype).unsqueeze(-1)
@@ -713,8 +738,29 @@ class ContextualTransformer(InputModule):
         cache_folder: str | None = None,
         revision: str | None = None,
         local_files_only: bool = False,
+        backend: str = "torch",
+        model_kwargs: dict[str, Any] | None = None,
         **kwargs,
     ) -> ContextualTransformer:
+        """Load a saved module. Of sentence-transformers' loading options, ``model_kwargs`` ``dtype`` (or
+        ``torch_dtype``; "auto": the saved dtype) and ``attn_implementation`` apply to both encoders; other
+        ``model_kwargs``, ``config_kwargs`` and ``processor_kwargs`` are ignored with a warning; a ``backend``
+        other than "torch" is an error."""
+        check_backend(backend)
+        model_kwargs = dict(model_kwargs or {})
+        dtype = model_kwargs.pop("dtype", None)
+        torch_dtype = model_kwargs.pop("torch_dtype", None)
+        dtype = dtype if dtype is not None else torch_dtype
+        attn_implementation = model_kwargs.pop("attn_implementation", None)
+        ignored = [f"model_kwargs[{key!r}]" for key in sorted(model_kwargs)]
+        ignored += [name for name in ("config_kwargs", "processor_kwargs") if kwargs.get(name)]
+        if ignored:
+            warnings.warn(
+                f"ContextualTransformer.load ignores {', '.join(ignored)}: of model_kwargs it applies only 'dtype' "
+                "(or 'torch_dtype') and 'attn_implementation'.",
+                UserWarning,
+                stacklevel=2,
+            )
         hub = dict(
             subfolder=subfolder,
             token=token,
@@ -728,12 +774,20 @@ class ContextualTransformer(InputModule):
             raise FileNotFoundError(f"No {cls.config_file_name} in {model_name_or_path!r}: not a cde_st model.")
         context_info = config.pop("context_info", None)
         first, second = config.pop("first_stage_config"), config.pop("second_stage_config")
+        dtype = _resolve_dtype(dtype, second)
         tokenizer = AutoTokenizer.from_pretrained(cls.load_dir_path(model_name_or_path, **hub))
+        saved_attn = config.get("attn_implementation", "auto")
+        if attn_implementation is not None:
+            config["attn_implementation"] = attn_implementation
         try:
             module = cls(first, second, tokenizer, **config)
         except ValueError as exc:
             raise ValueError(f"{config_path}: {exc}") from None
+        # A load-time choice (like transformers' attn_implementation): a later save keeps the saved value.
+        module.attn_implementation = saved_attn
         cls.load_torch_weights(model_name_or_path, model=module, **hub)
+        if dtype is not None:
+            module.to(dtype)  # before the context is restored: the saved context vectors stay float32
         context_path = load_file_path(model_name_or_path, CONTEXT_FILE, **hub)
         expected_path = os.path.join(model_name_or_path, subfolder, CONTEXT_FILE)
         module._load_context(context_path or expected_path, context_path is not None, context_info, config_path)
