@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import glob
+import gzip
 import json
 import logging
 import os
@@ -446,17 +447,65 @@ def _domain_of(path: str) -> str:
     return name
 
 
-def _load_jsonl_pairs(path: str):
-    from datasets import load_dataset
+class TrainingDataError(ValueError):
+    """A training data file that cannot be read as pairs; the message names the file and the line."""
 
-    ds = load_dataset("json", data_files=path, split="train")
-    missing = {"query", "document"} - set(ds.column_names)
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {sorted(missing)}; expected query, document[, domain].")
-    if "domain" not in ds.column_names:
-        ds = ds.add_column("domain", [_domain_of(path)] * len(ds))
-    ds = ds.select_columns(["query", "document", "domain"])
-    return ds.add_column("source", [_domain_of(path)] * len(ds))
+
+def _read_jsonl_rows(path: str) -> list[dict[str, str]]:
+    """The (query, document, domain) rows of a jsonl(.gz) file, each line checked: a JSON object with string
+    ``query`` and ``document`` (and, if present, ``domain``; the file name otherwise). Blank lines are skipped,
+    other fields ignored. A :class:`TrainingDataError` names the file and line of the first bad row."""
+    default_domain = _domain_of(path)
+    rows = []
+    opener = gzip.open if path.endswith(".gz") else open
+    line_no = 0
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}, line {line_no}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise TrainingDataError(f"{where}: invalid JSON: {err.msg} (column {err.colno}).") from None
+                if not isinstance(row, dict):
+                    raise TrainingDataError(
+                        f"{where}: expected a JSON object with query and document, got {type(row).__name__}."
+                    )
+                missing = [k for k in ("query", "document") if k not in row]
+                if missing:
+                    raise TrainingDataError(
+                        f"{where}: missing field(s) {missing}; each row needs query and document (domain optional)."
+                    )
+                for key in ("query", "document", "domain"):
+                    if key in row and not isinstance(row[key], str):
+                        value = row[key]
+                        raise TrainingDataError(
+                            f"{where}: field {key!r} must be a string, got {type(value).__name__} {value!r:.80}."
+                        )
+                rows.append(
+                    {"query": row["query"], "document": row["document"], "domain": row.get("domain", default_domain)}
+                )
+    except (UnicodeDecodeError, OSError, EOFError) as err:  # not UTF-8, not gzip, truncated gzip
+        raise TrainingDataError(f"{path}, line {line_no + 1}: cannot read the file: {err}.") from None
+    if not rows:
+        logger.warning("%s holds no pairs (empty file).", path)
+    return rows
+
+
+def _load_jsonl_pairs(path: str):
+    from datasets import Dataset
+
+    rows = _read_jsonl_rows(path)
+    return Dataset.from_dict(
+        {
+            "query": [r["query"] for r in rows],
+            "document": [r["document"] for r in rows],
+            "domain": [r["domain"] for r in rows],
+            "source": [_domain_of(path)] * len(rows),
+        }
+    )
 
 
 def _load_beir_pairs(folder: str, split: str = "train"):

@@ -255,3 +255,42 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
     cfg = TrainConfig.from_preset("tiny", output_dir=str(tmp_path / "empty"), model="biencoder", batching="random")
     with pytest.raises(FileNotFoundError, match=r"empty.*no checkpoint"):
         train(cfg, resume=True)
+
+
+# ------------------------------------------------------------------ malformed training data names file and line
+@pytest.mark.parametrize(
+    "bad_line, expected",
+    [
+        ('{"query": "q2", "document": "d2"', r"line 3: invalid JSON"),
+        ('{"query": "q2"}', r"line 3: missing field\(s\) \['document'\]"),
+        ('{"query": 7, "document": "d2"}', r"line 3: field 'query' must be a string, got int 7"),
+        ('{"query": "q2", "document": null}', r"line 3: field 'document' must be a string, got NoneType"),
+        ('{"query": "q2", "document": "d2", "domain": ["x"]}', r"line 3: field 'domain' must be a string"),
+        ('["q2", "d2"]', r"line 3: expected a JSON object .*got list"),
+    ],
+)
+@pytest.mark.parametrize("compressed", [False, True])
+def test_malformed_jsonl_names_file_and_line(tmp_path, bad_line, expected, compressed):
+    import re
+
+    lines = ['{"query": "q0", "document": "d0"}', "", bad_line, '{"query": "q3", "document": "d3"}']
+    text = "\n".join(lines) + "\n"
+    path = tmp_path / ("pairs.jsonl.gz" if compressed else "pairs.jsonl")
+    if compressed:
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ", " + expected):
+        load_pairs(TrainConfig(train_data=[str(tmp_path)]))
+
+
+def test_jsonl_with_extra_fields_and_blank_lines_loads(tmp_path):
+    rows = ['{"query": "q0", "document": "d0", "score": 1}', "", '{"query": "q1", "document": "d1", "domain": "x"}']
+    (tmp_path / "p.jsonl").write_text("\n".join(rows) + "\n")
+    pairs = load_pairs(TrainConfig(train_data=[str(tmp_path / "p.jsonl")]))
+    assert pairs.column_names == ["query", "document", "domain"]
+    assert list(pairs["domain"]) == ["p", "x"] and list(pairs["query"]) == ["q0", "q1"]
+    (tmp_path / "broken.jsonl.gz").write_bytes(gzip.compress(b'{"query": "q", "document": "d"}\n' * 50)[:40])
+    with pytest.raises(ValueError, match=r"broken\.jsonl\.gz, line 1: cannot read the file"):
+        load_pairs(TrainConfig(train_data=[str(tmp_path / "broken.jsonl.gz")]))
