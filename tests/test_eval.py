@@ -706,3 +706,71 @@ def test_no_overwrite_reuses_only_matching_data_and_context(data_dir, tmp_path, 
     assert "context" in changed.runs[0].cache_notes["tinysts"]
     fresh = evaluate_model(model, ["tinysts"], **{**kwargs, "output_dir": None})
     assert changed.score("tinysts") == pytest.approx(fresh.score("tinysts"))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Relevance judgements that point at documents / queries the task does not have
+
+
+def _rewrite_qrels(folder: Path, pairs: list[tuple[str, str]]) -> None:
+    lines = "".join(f"{q}\t{d}\t1\n" for q, d in pairs)
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + lines)
+
+
+@pytest.mark.parametrize("n_missing", [6, 4])  # all, and a large share, of the 6 judgements
+def test_qrels_pointing_at_missing_documents_fail_at_load(data_dir, n_missing):
+    """Issue: qrels whose documents are not in the corpus were scored without a word (NDCG@10 0.00 when all
+    were missing)."""
+    folder = data_dir / "retrieval" / "tinyret"
+    _rewrite_qrels(folder, [(f"q{i}", f"doc-{i}" if i < n_missing else f"d{i}") for i in range(6)])
+    task = load_local_task(folder)
+    with pytest.raises(LocalDataError) as err:
+        task.load_data()
+    message = str(err.value)
+    assert "tinyret" in message and "qrels/test.tsv" in message and "corpus.jsonl.gz" in message
+    assert f"{n_missing} of 6" in message and "doc-0" in message and "doc-1" in message
+
+
+def test_qrels_with_some_missing_documents_warn_with_the_count(data_dir, caplog):
+    folder = data_dir / "retrieval" / "tinyret"
+    _rewrite_qrels(folder, [(f"q{i}", f"d{i}") for i in range(6)] + [("q0", "gone-7")])
+    task = load_local_task(folder)
+    with caplog.at_level("WARNING", logger="cde_st.evaluation.local_tasks"):
+        task.load_data()
+    (record,) = [r for r in caplog.records if "gone-7" in r.getMessage()]
+    assert "1 of 7" in record.getMessage() and "qrels/test.tsv" in record.getMessage()
+    assert task.dataset["default"]["test"]["relevant_docs"]["q0"] == {"d0": 1, "gone-7": 1}
+
+
+def test_qrels_with_unknown_query_ids(data_dir, caplog):
+    folder = data_dir / "retrieval" / "tinyret"
+    _rewrite_qrels(folder, [(f"q{i}" if i < 2 else f"other-q{i}", f"d{i}") for i in range(6)])
+    with pytest.raises(LocalDataError, match=r"qrels/test.tsv.*4 of 6 .*query ids.*queries.jsonl.*other-q2"):
+        load_local_task(folder).load_data()
+    _rewrite_qrels(folder, [(f"q{i}" if i else "lost-q0", f"d{i}") for i in range(6)])
+    task = load_local_task(folder)
+    with caplog.at_level("WARNING", logger="cde_st.evaluation.local_tasks"):
+        task.load_data()
+    assert any("1 of 6" in r.getMessage() and "lost-q0" in r.getMessage() for r in caplog.records)
+    assert "lost-q0" not in task.dataset["default"]["test"]["relevant_docs"]  # not scored
+
+
+def test_hub_retrieval_data_with_missing_documents_fails(monkeypatch):
+    """The same check for mteb's own (hub) retrieval tasks, after mteb loaded them."""
+    import mteb
+    from datasets import Dataset
+
+    from cde_st.evaluation.runner import _load_task_data
+
+    task = mteb.get_task("SciFact")
+
+    def load(**kwargs):
+        corpus = Dataset.from_dict({"id": ["1", "2"], "title": ["", ""], "text": ["a", "b"]})
+        queries = Dataset.from_dict({"id": ["q1", "q2"], "text": ["x", "y"]})
+        relevant = {"q1": {"101": 1}, "q2": {"102": 1}}
+        task.dataset = {"default": {"test": {"corpus": corpus, "queries": queries, "relevant_docs": relevant}}}
+        task.data_loaded = True
+
+    monkeypatch.setattr(task, "load_data", load)
+    with pytest.raises(LocalDataError, match=r"SciFact.*test.*2 of 2.*'101'"):
+        _load_task_data(task, None)

@@ -79,6 +79,64 @@ class LocalDataError(ValueError):
     """A local evaluation file is missing or malformed; the message names the file (and line)."""
 
 
+#: Relevance judgements may point at missing documents / queries up to this share (a warning says how many);
+#: beyond it the qrels and the corpus or queries do not belong together and loading fails.
+MAX_MISSING_SHARE = 0.5
+
+
+def _examples(ids: Sequence[str], n: int = 5) -> str:
+    shown = ", ".join(repr(i) for i in ids[:n])
+    return shown + (f", ... ({len(ids) - n} more)" if len(ids) > n else "")
+
+
+def check_relevance_judgements(
+    qrels: dict[str, dict[str, int]],
+    query_ids: set[str],
+    corpus_ids: set[str],
+    *,
+    where: str,
+    queries_name: str = "the queries",
+    corpus_name: str = "the corpus",
+) -> dict[str, dict[str, int]]:
+    """Check that judged query ids are queries and judged document ids are documents; return the qrels of the
+    known queries.
+
+    A judgement whose document is not in the corpus can never be retrieved: its query scores as if that document
+    were missed (NDCG@10 0 when all its documents are missing). Up to :data:`MAX_MISSING_SHARE` of the
+    judgements (or judged queries) missing: a warning with the count and a few ids; more: :class:`LocalDataError`,
+    naming ``where`` (task and file) and a few missing ids. Unknown query ids are dropped (never scored).
+    """
+    unknown_queries = [q for q in qrels if q not in query_ids]
+    if unknown_queries:
+        share = len(unknown_queries) / len(qrels)
+        text = (
+            f"{where}: {len(unknown_queries)} of {len(qrels)} judged query ids are not in {queries_name} "
+            f"(e.g. {_examples(unknown_queries)})"
+        )
+        if share > MAX_MISSING_SHARE:
+            raise LocalDataError(
+                f"{text}. The qrels and the queries do not belong together (another dataset, split or id format?)."
+            )
+        logger.warning("%s; those queries are not scored.", text)
+        qrels = {q: docs for q, docs in qrels.items() if q in query_ids}
+    judged = [(q, d) for q, docs in qrels.items() for d in docs]
+    missing = [d for _, d in judged if d not in corpus_ids]
+    if missing:
+        lost = sum(1 for docs in qrels.values() if not any(d in corpus_ids for d in docs))
+        text = (
+            f"{where}: {len(missing)} of {len(judged)} relevance judgements point at documents that are not in "
+            f"{corpus_name} (e.g. {_examples(list(dict.fromkeys(missing)))}); {lost} of {len(qrels)} judged queries "
+            "have no relevant document left"
+        )
+        if len(missing) / len(judged) > MAX_MISSING_SHARE:
+            raise LocalDataError(
+                f"{text} and would score 0. The qrels and the corpus do not belong together (another dataset, "
+                "split or id format?)."
+            )
+        logger.warning("%s; missing documents count as not retrieved.", text)
+    return qrels
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # File readers
 
@@ -289,12 +347,14 @@ def load_retrieval_split(folder: str | Path, split: str) -> dict[str, Any]:
     query_rows = read_jsonl(queries_path, ["_id", "text"])
     qrels = read_qrels(qrels_path)
 
-    query_ids = {str(r["_id"]) for r in query_rows}
-    unknown = [q for q in qrels if q not in query_ids]
-    if len(unknown) == len(qrels):
-        raise LocalDataError(f"{qrels_path}: none of its query ids occur in {queries_path.name}.")
-    if unknown:
-        logger.warning("%s: %d judged query ids are not in %s; ignored.", qrels_path, len(unknown), queries_path.name)
+    qrels = check_relevance_judgements(
+        qrels,
+        {str(r["_id"]) for r in query_rows},
+        {str(r["_id"]) for r in corpus_rows},
+        where=f"local task {folder.name}, {qrels_path}",
+        queries_name=queries_path.name,
+        corpus_name=corpus_path.name,
+    )
     corpus = Dataset.from_dict(
         {
             "id": [str(r["_id"]) for r in corpus_rows],

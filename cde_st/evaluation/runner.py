@@ -171,6 +171,31 @@ def _load_task_data(task: Any, data_dir: str | Path | None) -> None:
             f"from the Hugging Face hub: {type(err).__name__}: {err}. Without network access, evaluate a local "
             f"folder instead (a path, or a folder name with --data-dir).{hint}"
         ) from err
+    if getattr(task, "local_source", None) is None:  # local folders are checked as they are read
+        _check_retrieval_judgements(task)
+
+
+def _check_retrieval_judgements(task: Any) -> None:
+    """The relevance-judgement check of local folders, for a retrieval task mteb loaded itself (hub data)."""
+    from cde_st.evaluation.local_tasks import check_relevance_judgements
+
+    if task.metadata.type not in {"Retrieval", "InstructionRetrieval"} or not isinstance(task.dataset, Mapping):
+        return
+    for subset, splits in task.dataset.items():
+        if not isinstance(splits, Mapping):
+            continue
+        for split, data in splits.items():
+            if not isinstance(data, Mapping) or not {"corpus", "queries", "relevant_docs"} <= set(data):
+                continue
+            if data["corpus"] is None or data["queries"] is None or not data["relevant_docs"]:
+                continue
+            data["relevant_docs"] = check_relevance_judgements(
+                data["relevant_docs"],
+                {str(i) for i in data["queries"]["id"]},
+                {str(i) for i in data["corpus"]["id"]},
+                where=f"mteb task {task.metadata.name} ({task.metadata.dataset.get('path')}), subset {subset}, "
+                f"split {split}",
+            )
 
 
 def _first_subset_split(task: Any) -> tuple[str, str]:
