@@ -9,6 +9,7 @@ It loads from a folder without ``trust_remote_code`` (its module classes are reg
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from sentence_transformers.sentence_transformer.modules import Normalize
 
 from cde_st.context import ContextInfo
 from cde_st.modules.contextual_transformer import ContextualTransformer, check_backend
+from cde_st.released import ALIASES as RELEASED_ALIASES
 from cde_st.released import PROMPTS as RELEASED_PROMPTS
 from cde_st.released import is_released_checkpoint, load_released, resolve_name
 
@@ -68,6 +70,23 @@ def set_context(
     )
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def _check_model_location(name_or_path: str) -> None:
+    """A name that is neither an existing path nor a hub id ("owner/name") or released alias is a missing folder:
+    say so, instead of the hub error (or offline-mode error) a lookup would give."""
+    name = resolve_name(name_or_path)
+    path = os.path.expanduser(name)
+    if os.path.exists(path) or _HUB_ID.fullmatch(name):
+        return
+    raise FileNotFoundError(
+        f"Model folder {name_or_path!r} does not exist (looked for {os.path.abspath(path)}), and it is not a hub id "
+        f"('owner/name') either. Give the folder model.save() wrote, a hub id, or a released model "
+        f"({', '.join(RELEASED_ALIASES)})."
+    )
+
+
 class ContextualSentenceTransformer(SentenceTransformer):
     """A contextual document embedding model (CDE, Morris & Rush, ICLR 2025) as a ``SentenceTransformer``.
 
@@ -103,6 +122,8 @@ class ContextualSentenceTransformer(SentenceTransformer):
         **kwargs,
     ) -> None:
         check_backend(kwargs.get("backend", "torch"))  # before any loading: the released path builds modules itself
+        if model_name_or_path is not None and not kwargs.get("modules"):
+            _check_model_location(str(model_name_or_path))
         hub = {k: kwargs.get(k) for k in ("revision", "cache_folder", "token")}
         hub["local_files_only"] = bool(kwargs.get("local_files_only", False))
         if (

@@ -224,3 +224,50 @@ def test_unsupported_model_kwargs_warn(saved_cde):
 def test_bad_dtype_named(saved_cde):
     with pytest.raises(ValueError, match=r"dtype.*'float99'"):
         ContextualSentenceTransformer(saved_cde, model_kwargs={"dtype": "float99"})
+
+
+# ---------------------------------------------------------------- 5. loading errors
+@pytest.mark.parametrize("name", ["./no/such/dir", "no_such_dir", "no/such/dir/deeper", "~/no_such_cde_dir"])
+def test_missing_folder_is_named(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"{name}.*does not exist"):
+        ContextualSentenceTransformer(name)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('{"context_size": 4, "max_seq', r"not valid JSON"),
+        ("[1, 2]", r"JSON object"),
+    ],
+    ids=["truncated", "not_an_object"],
+)
+def test_invalid_config_file_is_named(saved_cde, text, match):
+    with open(os.path.join(saved_cde, "cde_config.json"), "w", encoding="utf-8") as f:
+        f.write(text)
+    with pytest.raises(ValueError, match=match) as info:
+        ContextualSentenceTransformer(saved_cde)
+    assert "cde_config.json" in str(info.value)
+
+
+def test_config_missing_key_is_named(saved_cde):
+    _edit_config(saved_cde, second_stage_config=_DELETE)
+    with pytest.raises(ValueError, match=r"cde_config\.json.*'second_stage_config'"):
+        ContextualSentenceTransformer(saved_cde)
+
+
+def test_config_unknown_key_is_named(saved_cde):
+    _edit_config(saved_cde, context_sise=4)
+    with pytest.raises(ValueError, match=r"cde_config\.json.*'context_sise'"):
+        ContextualSentenceTransformer(saved_cde)
+
+
+@pytest.mark.parametrize("filename", ["model.safetensors", CONTEXT_FILE])
+def test_truncated_weights_file_is_named(saved_cde, filename):
+    path = os.path.join(saved_cde, filename)
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=rf"{filename}.*(corrupt|truncated)"):
+        ContextualSentenceTransformer(saved_cde)

@@ -10,15 +10,18 @@ vector fills empty slots (fewer than J documents, sequence dropout, or no contex
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import os
+import pickle
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from sentence_transformers.base.modules import InputModule
 from sentence_transformers.util import load_file_path
@@ -107,6 +110,13 @@ def _resolve_dtype(value: Any, encoder_config: dict) -> torch.dtype | None:
             "(e.g. torch.float32, torch.bfloat16, 'float16' or 'auto')."
         )
     return dtype
+
+
+def _corrupt_file_error(path: str | None, exc: Exception) -> ValueError:
+    return ValueError(
+        f"{path} is corrupt or truncated and cannot be read ({type(exc).__name__}: {exc}). Copy or save the model "
+        "again (an interrupted download or copy leaves a partial file)."
+    )
 
 
 def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -769,9 +779,9 @@ class ContextualTransformer(InputModule):
             local_files_only=local_files_only,
         )
         config_path = load_file_path(model_name_or_path, cls.config_file_name, **hub)
-        config = cls.load_config(model_name_or_path, **hub)
-        if not config:
+        if config_path is None:
             raise FileNotFoundError(f"No {cls.config_file_name} in {model_name_or_path!r}: not a cde_st model.")
+        config = cls._read_config(config_path)
         context_info = config.pop("context_info", None)
         first, second = config.pop("first_stage_config"), config.pop("second_stage_config")
         dtype = _resolve_dtype(dtype, second)
@@ -781,17 +791,60 @@ class ContextualTransformer(InputModule):
             config["attn_implementation"] = attn_implementation
         try:
             module = cls(first, second, tokenizer, **config)
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:  # a field of the wrong type or value
             raise ValueError(f"{config_path}: {exc}") from None
         # A load-time choice (like transformers' attn_implementation): a later save keeps the saved value.
         module.attn_implementation = saved_attn
-        cls.load_torch_weights(model_name_or_path, model=module, **hub)
+        try:
+            cls.load_torch_weights(model_name_or_path, model=module, **hub)
+        except (SafetensorError, EOFError, pickle.UnpicklingError) as exc:
+            weights = load_file_path(model_name_or_path, "model.safetensors", **hub) or load_file_path(
+                model_name_or_path, "pytorch_model.bin", **hub
+            )
+            raise _corrupt_file_error(weights, exc) from None
         if dtype is not None:
             module.to(dtype)  # before the context is restored: the saved context vectors stay float32
         context_path = load_file_path(model_name_or_path, CONTEXT_FILE, **hub)
         expected_path = os.path.join(model_name_or_path, subfolder, CONTEXT_FILE)
         module._load_context(context_path or expected_path, context_path is not None, context_info, config_path)
         return module
+
+    @classmethod
+    def _read_config(cls, config_path: str) -> dict[str, Any]:
+        """``cde_config.json`` as a dict, with every problem (not JSON, missing or unknown fields) named."""
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                config = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(
+                f"{config_path} is not valid JSON ({exc}): the file is truncated or corrupt. Save the model again."
+            ) from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{config_path} must hold a JSON object (the module's settings), got {config!r:.80}.")
+        for old_key, new_key in cls.config_key_renames.items():
+            if old_key in config and new_key not in config:
+                config[new_key] = config.pop(old_key)
+        for key in ("first_stage_config", "second_stage_config"):
+            if not isinstance(config.get(key), dict) or "model_type" not in config[key]:
+                found = "missing" if key not in config else f"{config[key]!r:.80}"
+                raise ValueError(
+                    f"{config_path}: {key!r} must be the encoder's config (an object with 'model_type'), "
+                    f"got {found}. The file is incomplete; save the model again."
+                )
+        known = {*cls.config_keys, "first_stage_config", "second_stage_config", "context_info"}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            hints = [
+                f"{key!r} (did you mean {match[0]!r}?)"
+                if (match := difflib.get_close_matches(key, known, 1))
+                else repr(key)
+                for key in unknown
+            ]
+            raise ValueError(
+                f"{config_path} has unknown field(s) {', '.join(hints)}; known fields: {sorted(known)}. "
+                "A newer cde_st may have written it, or it was edited by hand."
+            )
+        return config
 
     def _load_context(self, context_path: str, exists: bool, context_info: dict | None, config_path: str) -> None:
         """Restore the saved context: ``context.safetensors`` must agree with the ``context_info`` that
@@ -815,7 +868,10 @@ class ContextualTransformer(InputModule):
                 f"Restore {CONTEXT_FILE} from where the model was saved, or set context_info to null in "
                 f"{os.path.basename(config_path)} to load the model without a context."
             )
-        tensors = load_file(context_path)
+        try:
+            tensors = load_file(context_path)
+        except SafetensorError as exc:
+            raise _corrupt_file_error(context_path, exc) from None
         if "vectors" not in tensors:
             raise ValueError(f"{context_path} has no 'vectors' tensor (it holds {sorted(tensors)}).")
         try:
