@@ -19,6 +19,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
 
 from cde_st.context import ContextInfo
+from cde_st.model_card import ContextualModelCardData, refresh_contextual_section
 from cde_st.modules.contextual_transformer import ContextualTransformer, check_backend
 from cde_st.released import ALIASES as RELEASED_ALIASES
 from cde_st.released import PROMPTS as RELEASED_PROMPTS
@@ -112,6 +113,8 @@ class ContextualSentenceTransformer(SentenceTransformer):
     """
 
     _module_classes = _MODULE_CLASSES
+    # The card says what the context is and how to load the model (see cde_st/model_card.py).
+    model_card_data_class = ContextualModelCardData
 
     def __init__(
         self,
@@ -174,6 +177,11 @@ class ContextualSentenceTransformer(SentenceTransformer):
         if prompts is None:
             prompts = {"query": module.query_prompt, "document": module.document_prompt}
         return cls(modules=[module], prompts=prompts, device=device)
+
+    def _update_default_model_id(self, model_card: str) -> str:
+        # save() reuses the card read from a loaded folder: refresh its cde_st section, which must describe the
+        # context saved now and the folder it is saved to.
+        return refresh_contextual_section(super()._update_default_model_id(model_card), self.model_card_data)
 
     @property
     def contextual_module(self) -> ContextualTransformer:

@@ -1,0 +1,96 @@
+"""The README.md a contextual model writes on save(): context description, loading route, a snippet that runs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pytest
+
+from cde_st import ContextualSentenceTransformer
+from cde_st.model_card import SECTION_BEGIN, SECTION_END
+
+CORPUS = [f"document {i} about {topic}" for i, topic in enumerate(["cats", "rain", "planets", "tea"] * 3)]
+
+
+def _section(folder) -> str:
+    card = (folder / "README.md").read_text(encoding="utf8")
+    assert card.count(SECTION_BEGIN) == 1 and card.count(SECTION_END) == 1
+    return card[card.index(SECTION_BEGIN) : card.index(SECTION_END)]
+
+
+def _snippet(section: str) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    assert len(blocks) == 1, blocks
+    return blocks[0]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"-?\d+\.\d+", text)]
+
+
+def _run(snippet: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(snippet, "README.md snippet", "exec"), {"__name__": "__main__"})
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("with_context", [True, False], ids=["context", "no-context"])
+def test_model_card_snippet_runs_as_written(make_tiny_cde, tmp_path, with_context):
+    model = make_tiny_cde(context_size=4)
+    if with_context:
+        info = model.set_context(CORPUS, seed=3)
+    folder = tmp_path / "my-cde"
+    model.save(str(folder))
+    section = _section(folder)
+
+    # (1) the context: what it is and how it was set, or that none is set
+    if with_context:
+        for fact in (
+            info.fingerprint,
+            "seed 3",
+            f"corpus of {len(CORPUS)} texts",
+            "'search_document: '",
+            "4 documents",
+        ):
+            assert fact in section, fact
+    else:
+        assert "No corpus context is saved" in section and "model.set_context(documents, seed=0)" in section
+    # (2) the loading route, and why not trust_remote_code
+    assert "ContextualSentenceTransformer(path_or_id)" in section
+    assert "trust_remote_code=True" in section and "runs code from the folder" in section
+
+    # (3) the snippet runs as written (it names the saved folder) and prints what the card says it prints
+    snippet = _snippet(section)
+    assert f"ContextualSentenceTransformer({str(folder)!r})" in snippet
+    assert "trust_remote_code=True" not in snippet
+    printed = _run(snippet)
+    expected = "\n".join(line[2:] for line in snippet.splitlines() if line.startswith("# tensor"))
+    assert expected, snippet
+    assert _floats(printed.split("tensor", 1)[1]) == pytest.approx(_floats(expected), abs=2e-4)
+    if with_context:
+        assert f"{info.size} {info.fingerprint}" in printed
+
+
+def test_model_card_refreshed_when_a_loaded_model_is_saved_again(make_tiny_cde, tmp_path):
+    # sentence-transformers reuses the README of a loaded folder on save(): the cde_st section must still describe
+    # the context and folder of *this* save.
+    model = make_tiny_cde(context_size=4)
+    old = model.set_context(CORPUS, seed=0)
+    model.save(str(tmp_path / "first"))
+
+    loaded = ContextualSentenceTransformer(str(tmp_path / "first"))
+    new = loaded.set_context(CORPUS[:6], seed=1)
+    assert new.fingerprint != old.fingerprint
+    loaded.save(str(tmp_path / "second"))
+    section = _section(tmp_path / "second")
+    assert new.fingerprint in section and old.fingerprint not in section
+    assert "corpus of 6 texts" in section
+    assert f"ContextualSentenceTransformer({str(tmp_path / 'second')!r})" in section
+    _run(_snippet(section))
+
+    loaded.clear_context()
+    loaded.save(str(tmp_path / "third"))
+    assert "No corpus context is saved" in _section(tmp_path / "third")
