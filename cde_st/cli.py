@@ -142,6 +142,13 @@ def _eval_parser() -> argparse.ArgumentParser:
         help="reuse results in --output-dir computed on the same data with the same context and settings "
         "(any other cached result re-runs, with a warning that says why)",
     )
+    parser.add_argument(
+        "--identical-ids",
+        choices=["auto", "ignore", "keep"],
+        default="auto",
+        help="retrieval: may a query retrieve a corpus document with its own id? auto: the mteb task's setting "
+        "(also for local folders named after an mteb task), else BEIR's rule (ignore); the rule used is printed",
+    )
     parser.add_argument("--device", help="torch device (default: sentence-transformers' choice)")
     parser.add_argument("--max-seq-length", type=int, help="token limit of the inputs (default: the model's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -186,6 +193,7 @@ def eval_run(argv: list[str] | None = None) -> int:
             show_progress_bar=not args.quiet,
             device=args.device,
             max_seq_length=args.max_seq_length,
+            identical_ids=args.identical_ids,
         )
     except (UnknownTaskError, LocalDataError, TaskDataError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -774,3 +774,64 @@ def test_hub_retrieval_data_with_missing_documents_fails(monkeypatch):
     monkeypatch.setattr(task, "load_data", load)
     with pytest.raises(LocalDataError, match=r"SciFact.*test.*2 of 2.*'101'"):
         _load_task_data(task, None)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Queries that are also corpus documents (ArguAna / Quora-like): identical ids
+
+
+def make_self_retrieval(root: Path, name: str) -> Path:
+    """A BEIR folder whose queries are also corpus documents (same id, same text), as in ArguAna or Quora: a
+    query must not be credited for (or penalised by) retrieving itself."""
+    folder = root / "retrieval" / name
+    queries = [{"_id": f"a{i}", "text": f"argument about {TOPICS[i % 4]} number {i}"} for i in range(6)]
+    others = [{"_id": f"d{i}", "title": "", "text": f"counter to {TOPICS[i % 4]} {i}"} for i in range(6)]
+    _write_jsonl(folder / "corpus.jsonl", [{**q, "title": ""} for q in queries] + others)
+    _write_jsonl(folder / "queries.jsonl", queries)
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "test.tsv").write_text("".join(f"a{i}\td{i}\t1\n" for i in range(6)))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("folder", "twin", "ignore"),
+    [("arguana", "ArguAna", True), ("QUORA", "QuoraRetrieval", True), ("scidocs", "SCIDOCS", False)],
+)
+def test_local_folder_named_after_any_mteb_task_takes_its_settings(tmp_path, folder, twin, ignore):
+    """Issue: only the shared folder names were recognised; a local ArguAna copy was scored as a generic
+    retrieval task (each query retrieving itself). Names come from mteb's registry: task name or dataset name,
+    any case."""
+    task = load_local_task(make_self_retrieval(tmp_path, folder))
+    assert task.metadata.adapted_from == [twin] and task.metadata.name == folder
+    assert twin.lower() in {c.__name__.lower() for c in type(task).__mro__} or any(
+        getattr(c, "metadata", None) is not None and c.metadata.name == twin for c in type(task).__mro__[1:]
+    )
+    assert task.ignore_identical_ids is ignore
+    assert f"mteb task {twin}" in task.identical_ids_rule
+
+
+def test_generic_folder_with_queries_in_the_corpus_uses_the_beir_rule(data_dir, tmp_path, tiny_plain_model, caplog):
+    from cde_st.evaluation import evaluate_model
+
+    make_self_retrieval(data_dir, "my_arguments")
+    kwargs = dict(data_dir=data_dir, output_dir=tmp_path / "out", batch_size=8, show_progress_bar=False)
+    with caplog.at_level("WARNING", logger="cde_st.evaluation.local_tasks"):
+        auto = evaluate_model(tiny_plain_model, ["my_arguments", "tinyret"], **kwargs)
+    rule = auto.task_settings["my_arguments"]["identical_ids"]
+    assert rule.startswith("ignore") and "6 of 6 query ids are also corpus ids" in rule and "BEIR" in rule
+    assert any("my_arguments" in r.getMessage() and "identical" in r.getMessage() for r in caplog.records)
+    assert auto.task_settings["tinyret"]["identical_ids"].startswith("ignore")  # BEIR's rule; no overlap there
+    assert "my_arguments" in auto.files["summary_md"].read_text() and rule in auto.files["summary_md"].read_text()
+    ignore = evaluate_model(
+        tiny_plain_model, ["my_arguments"], identical_ids="ignore", **{**kwargs, "output_dir": None}
+    )
+    keep = evaluate_model(tiny_plain_model, ["my_arguments"], identical_ids="keep", **{**kwargs, "output_dir": None})
+    assert auto.score("my_arguments") == pytest.approx(ignore.score("my_arguments"))
+    assert keep.score("my_arguments") < auto.score("my_arguments")  # each query found itself first
+    assert keep.task_settings["my_arguments"]["identical_ids"].startswith("keep")
+    # the option overrides an mteb twin's own setting too, and the command line has it
+    assert not load_local_task(make_self_retrieval(tmp_path, "arguana"), identical_ids="keep").ignore_identical_ids
+    from cde_st.cli import _eval_parser
+
+    args = _eval_parser().parse_args(["--model", "m", "--tasks", "t", "--identical-ids", "keep"])
+    assert args.identical_ids == "keep"

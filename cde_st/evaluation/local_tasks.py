@@ -14,8 +14,12 @@ pair_classification ``<split>.jsonl`` with ``sentence1, sentence2, label`` (labe
 A local folder becomes an mteb task named after the folder. When the folder is a local copy of a published mteb task
 (``scifact`` -> ``SciFact``, ``banking77`` -> ``Banking77Classification``, ...; see :data:`MTEB_TWINS`), the task
 *is* that mteb task class with only the data source replaced: same evaluator, main score, splits, subset, score
-normalisation and classifier setup (``n_experiments``, ``samples_per_label``), so its scores are comparable to the
-published ones. Any other folder gets the plain mteb abstract task of its format with mteb's defaults.
+normalisation and classifier setup (``n_experiments``, ``samples_per_label``, ``ignore_identical_ids``), so its scores
+are comparable to the published ones. Besides the shared folder names, a folder named after any task in mteb's own
+registry (its task name or its dataset's name, any case: ``arguana``, ``QUORA``, ``scidocs``; see
+:func:`registry_twin`) is that task's copy. Any other folder gets the plain mteb abstract task of its format with
+mteb's defaults, except that retrieval follows BEIR's rule for queries that are also corpus documents: a query's own
+id is never counted among its results (``identical_ids``).
 
 Scoring is always mteb's own; this module only reads files, validates them (errors name the file and line) and hands
 mteb the dataset layout its task classes expect.
@@ -23,10 +27,12 @@ mteb the dataset layout its task classes expect.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +76,9 @@ TWIN_SPLIT_FILES: dict[str, dict[str, tuple[str, ...]]] = {
     "sickr": {"test": ("train", "trial", "test")},
     "twitterurlcorpus": {"test": ("train", "test")},
 }
+
+#: ``identical_ids`` choices: ``auto`` (an mteb twin's own setting; else BEIR's rule, ignore), ``ignore``, ``keep``.
+IDENTICAL_IDS_RULES = ("auto", "ignore", "keep")
 
 _SPLIT_PREFERENCE = ("test", "dev", "validation", "val")
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
@@ -308,6 +317,81 @@ def folder_fingerprint(folder: str | Path) -> str:
     return digest.hexdigest()[:12]
 
 
+def _normalise(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+@functools.lru_cache(maxsize=1)
+def _registry_index() -> tuple[tuple[str, str, str, str, bool, tuple[str, ...]], ...]:
+    """(name, dataset name, type, superseded_by, multilingual, subsets) of every task in mteb's registry."""
+    import mteb
+
+    rows = []
+    for task in mteb.get_tasks(exclude_superseded=False):
+        meta = task.metadata
+        path = str((meta.dataset or {}).get("path", ""))
+        rows.append(
+            (
+                meta.name,
+                path.rstrip("/").rsplit("/", 1)[-1],
+                meta.type,
+                meta.superseded_by or "",
+                meta.is_multilingual,
+                tuple(meta.hf_subsets),
+            )
+        )
+    return tuple(rows)
+
+
+def registry_twin(folder_name: str, kind: str) -> tuple[str, str] | None:
+    """The published mteb task a local folder named ``folder_name`` is a copy of, from mteb's own registry.
+
+    A task of the folder's type matches when its name or its dataset's name (``mteb/arguana`` -> ``arguana``) equals
+    the folder name, ignoring case (then also ignoring ``-``, ``_`` and dots); task names win over dataset names
+    and tasks that are not superseded over superseded ones. Returns ``(task name, hf subset)``, or ``None`` when
+    nothing (or nothing unambiguous) matches; a multilingual task matches only with one subset.
+
+    Example:
+        >>> registry_twin("arguana", "retrieval")  # doctest: +SKIP
+        ('ArguAna', 'default')
+    """
+    wanted_type = KIND_TO_MTEB_TYPE.get(kind)
+    rows = [r for r in _registry_index() if r[2] == wanted_type]
+    for field, same in (
+        (0, lambda a, b: a.lower() == b.lower()),
+        (0, lambda a, b: _normalise(a) == _normalise(b)),
+        (1, lambda a, b: a.lower() == b.lower()),
+        (1, lambda a, b: _normalise(a) == _normalise(b)),
+    ):
+        found = [r for r in rows if r[field] and same(r[field], folder_name)]
+        current = [r for r in found if not r[3]] or found
+        if not current:
+            continue
+        if len(current) > 1:
+            logger.warning(
+                "Local folder %r matches several mteb tasks (%s); scoring it as a generic %s task. Choose one with "
+                "load_local_task(..., twin=NAME).",
+                folder_name,
+                ", ".join(r[0] for r in current),
+                kind,
+            )
+            return None
+        name, _, _, _, multilingual, subsets = current[0]
+        if multilingual and len(subsets) != 1:
+            logger.warning(
+                "Local folder %r matches the multilingual mteb task %s; name its subset with twin='%s:<subset>' "
+                "(one of %s). Scoring it as a generic %s task.",
+                folder_name,
+                name,
+                name,
+                ", ".join(subsets),
+                kind,
+            )
+            return None
+        return name, subsets[0] if multilingual else "default"
+    return None
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Loaders: files -> the dataset layout of the mteb abstract task of each format
 
@@ -474,6 +558,30 @@ class _LocalDataMixin:
                 data = {source.hf_subset: data}
         self.dataset = data
         self.data_loaded = True
+        if source.kind == "retrieval":
+            self._describe_identical_ids()
+
+    def _describe_identical_ids(self) -> None:
+        """Count the query ids that are also corpus ids and say which rule scores them (log + ``identical_ids_rule``)."""
+        shared = total = 0
+        for splits in self.dataset.values():
+            for data in splits.values():
+                query_ids = set(data["queries"]["id"])
+                shared += len(query_ids & set(data["corpus"]["id"]))
+                total += len(query_ids)
+        verb = "ignore" if self.ignore_identical_ids else "keep"
+        why = self.identical_ids_why
+        overlap = f"{shared} of {total} query ids are also corpus ids"
+        self.identical_ids_rule = f"{verb} identical query/document ids ({why}; {overlap})"
+        if shared:
+            effect = (
+                "a query's own document is left out of its results"
+                if self.ignore_identical_ids
+                else "a query may retrieve its own document"
+            )
+            logger.warning("%s: %s: %s.", self.metadata.name, self.identical_ids_rule, effect)
+        else:
+            logger.info("%s: %s.", self.metadata.name, self.identical_ids_rule)
 
 
 def _generic_base(kind: str) -> type:
@@ -508,6 +616,7 @@ def load_local_task(
     kind: str | None = None,
     twin: str | None = None,
     eval_splits: Sequence[str] | None = None,
+    identical_ids: str = "auto",
 ):
     """Build the mteb task for a local folder (see the module docstring for the formats).
 
@@ -516,9 +625,13 @@ def load_local_task(
         name: task name in results (default: the folder name).
         kind: one of :data:`TASK_KINDS` (default: :func:`detect_kind`).
         twin: mteb task whose definition to reuse, ``"Name"`` or ``"Name:subset"`` for a multilingual task
-            (default: :data:`MTEB_TWINS` by folder name; ``""`` for none).
+            (default: :data:`MTEB_TWINS` by folder name, else :func:`registry_twin`; ``""`` for none).
         eval_splits: splits to evaluate (default: the twin's that exist locally; else the first of
             test/dev/validation found).
+        identical_ids: retrieval only: whether a corpus document with the query's own id counts among the query's
+            results. ``"auto"``: an mteb twin's own ``ignore_identical_ids``; for other folders BEIR's rule (ignore
+            them, as BEIR's evaluation does by default). ``"ignore"`` / ``"keep"`` force it. The rule used and the
+            number of query ids that are also corpus ids are logged at load and kept in ``task.identical_ids_rule``.
 
     Returns:
         An ``mteb`` ``AbsTask`` instance whose ``load_data`` reads the folder.
@@ -538,8 +651,10 @@ def load_local_task(
     kind = kind or detect_kind(folder)
     if kind not in TASK_KINDS:
         raise ValueError(f"Unknown local task format {kind!r}; expected one of {TASK_KINDS}.")
+    if identical_ids not in IDENTICAL_IDS_RULES:
+        raise ValueError(f"identical_ids must be one of {IDENTICAL_IDS_RULES}, got {identical_ids!r}.")
     if twin is None:
-        twin_name, hf_subset = MTEB_TWINS.get(folder.name, ("", "default"))
+        twin_name, hf_subset = MTEB_TWINS.get(folder.name) or registry_twin(folder.name, kind) or ("", "default")
     else:
         twin_name, _, hf_subset = twin.partition(":")
         hf_subset = hf_subset or "default"
@@ -606,7 +721,19 @@ def load_local_task(
         (_LocalDataMixin, base),
         {"metadata": metadata, "local_source": source, "__module__": __name__},
     )
-    return cls()
+    task = cls()
+    if kind == "retrieval":
+        if identical_ids != "auto":
+            task.ignore_identical_ids = identical_ids == "ignore"
+            task.identical_ids_why = f"identical_ids={identical_ids!r} was asked for"
+        elif twin_name:
+            task.identical_ids_why = f"the setting of mteb task {twin_name}"
+        else:
+            task.ignore_identical_ids = True
+            task.identical_ids_why = "BEIR's rule for a retrieval folder that is no mteb task"
+        verb = "ignore" if task.ignore_identical_ids else "keep"
+        task.identical_ids_rule = f"{verb} identical query/document ids ({task.identical_ids_why})"
+    return task
 
 
 def find_local_task(name: str, data_dir: str | Path | None) -> Path | None:

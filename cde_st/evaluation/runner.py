@@ -117,10 +117,17 @@ def parameter_fingerprint(model: Any) -> str:
 # Tasks
 
 
-def resolve_task(task: Any, data_dir: str | Path | None = None, eval_splits: Sequence[str] | None = None):
+def resolve_task(
+    task: Any,
+    data_dir: str | Path | None = None,
+    eval_splits: Sequence[str] | None = None,
+    identical_ids: str = "auto",
+):
     """An mteb task from a task object, a local folder (path, or name under ``data_dir``) or an mteb task name.
 
     Local folders win over mteb names (``scifact`` is the local copy, ``SciFact`` the mteb hub task).
+    ``identical_ids`` (retrieval): ``"auto"`` keeps an mteb task's own rule for query ids that are also corpus ids
+    (BEIR's rule, ignore them, for local folders that are no mteb task); ``"ignore"`` / ``"keep"`` force it.
 
     Raises:
         UnknownTaskError: with the local tasks found and the closest mteb names.
@@ -129,11 +136,11 @@ def resolve_task(task: Any, data_dir: str | Path | None = None, eval_splits: Seq
     from mteb.abstasks.abstask import AbsTask
 
     if isinstance(task, AbsTask):
-        return task
+        return _apply_identical_ids(task, identical_ids)
     spec = str(task)
     folder = find_local_task(spec, data_dir)
     if folder is not None:
-        return load_local_task(folder, eval_splits=eval_splits)
+        return load_local_task(folder, eval_splits=eval_splits, identical_ids=identical_ids)
     try:
         hub_task = mteb.get_task(spec)
     except KeyError:
@@ -152,7 +159,25 @@ def resolve_task(task: Any, data_dir: str | Path | None = None, eval_splits: Seq
         raise UnknownTaskError(" ".join(lines)) from None
     if eval_splits:
         hub_task = hub_task.filter_eval_splits(list(eval_splits))
-    return hub_task
+    return _apply_identical_ids(hub_task, identical_ids)
+
+
+def _apply_identical_ids(task: Any, identical_ids: str) -> Any:
+    """Set (``ignore`` / ``keep``) or describe (``auto``) a retrieval task's rule for identical query/document ids."""
+    from cde_st.evaluation.local_tasks import IDENTICAL_IDS_RULES
+
+    if identical_ids not in IDENTICAL_IDS_RULES:
+        raise ValueError(f"identical_ids must be one of {IDENTICAL_IDS_RULES}, got {identical_ids!r}.")
+    if not hasattr(task, "ignore_identical_ids") or getattr(task, "local_source", None) is not None:
+        return task  # not retrieval, or a local folder (load_local_task set its rule)
+    if identical_ids == "auto":
+        why = f"the setting of mteb task {task.metadata.name}"
+    else:
+        task.ignore_identical_ids = identical_ids == "ignore"
+        why = f"identical_ids={identical_ids!r} was asked for"
+    verb = "ignore" if task.ignore_identical_ids else "keep"
+    task.identical_ids_rule = f"{verb} identical query/document ids ({why})"
+    return task
 
 
 def _load_task_data(task: Any, data_dir: str | Path | None) -> None:
@@ -257,6 +282,9 @@ class EvaluationReport:
     revision: str
     runs: list[RunResult]
     files: dict[str, Path] = field(default_factory=dict)
+    #: Per task, the scoring rules that are not visible in the scores, e.g. ``{"identical_ids": "ignore ... (BEIR's
+    #: rule ...; 300 of 300 query ids are also corpus ids)"}`` for retrieval.
+    task_settings: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def scores(self) -> list[TaskScore]:
@@ -272,8 +300,15 @@ class EvaluationReport:
         raise KeyError(f"No score for task {task!r} (context size {context_size}).")
 
     def summary(self) -> str:
-        """The Markdown summary table (per-task scores and Table 2 per-type averages)."""
-        return summary_markdown(self.scores, f"MTEB summary: {self.model_name}")
+        """The Markdown summary table (per-task scores and Table 2 per-type averages), then the scoring rules."""
+        return summary_markdown(self.scores, f"MTEB summary: {self.model_name}") + self.settings_markdown()
+
+    def settings_markdown(self) -> str:
+        """The per-task scoring rules (:attr:`task_settings`) as a Markdown list ("" when there are none)."""
+        lines = [
+            f"- {task}: {key}: {value}" for task, rules in self.task_settings.items() for key, value in rules.items()
+        ]
+        return "\n## Scoring rules\n\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -300,6 +335,7 @@ def evaluate_model(
     show_progress_bar: bool = True,
     device: str | None = None,
     max_seq_length: int | None = None,
+    identical_ids: str = "auto",
 ) -> EvaluationReport:
     """Evaluate a (contextual or plain) sentence-transformers model on mteb tasks and local task folders.
 
@@ -333,6 +369,11 @@ def evaluate_model(
         show_progress_bar: progress bars while encoding.
         device: device for a model given by name.
         max_seq_length: token limit of the inputs for this run (default: the model's own).
+        identical_ids: retrieval: whether a corpus document whose id is the query's own id counts among the query's
+            results. ``"auto"``: the mteb task's own setting (local folders named after an mteb task take that
+            task's); other local folders follow BEIR's rule and ignore them (queries that are also corpus documents,
+            as in ArguAna or Quora, would otherwise retrieve themselves). ``"ignore"`` / ``"keep"`` force it. The
+            rule used is logged and reported in :attr:`EvaluationReport.task_settings` and the summary.
 
     Returns:
         An :class:`EvaluationReport` (scores per run and task, mteb ``TaskResult`` objects, files written).
@@ -347,7 +388,7 @@ def evaluate_model(
 
     if context not in CONTEXT_MODES:
         raise ValueError(f"Unknown context mode {context!r}; choose one of {CONTEXT_MODES}.")
-    resolved = [resolve_task(t, data_dir, eval_splits) for t in tasks]  # before loading the model: fail fast
+    resolved = [resolve_task(t, data_dir, eval_splits, identical_ids) for t in tasks]  # before the model: fail fast
     names = [t.metadata.name for t in resolved]
     if len(set(names)) != len(names):
         raise ValueError(f"Duplicate tasks in {names}.")
@@ -379,6 +420,8 @@ def evaluate_model(
             kwargs["prefixes"] = "nomic" if task_prefixes == TaskPrefixes() else task_prefixes.to_dict()
         elif contextual:
             kwargs["prefixes"] = "off"
+        if identical_ids != "auto":
+            kwargs["identical_ids"] = identical_ids
         plan = ContextPlan(mode=mode, size=size, seed=context_seed, random_pool=random_pool) if contextual else None
         meta = build_model_meta(model, name=model_name, revision=revision, experiment_kwargs=kwargs)
         wrappers.append(ContextualEncoderWrapper(model, plan=plan, prefixes=task_prefixes, model_meta=meta))
@@ -386,10 +429,13 @@ def evaluate_model(
 
     cache = mteb.ResultCache(cache_path=str(Path(output_dir).expanduser())) if output_dir is not None else None
     encode_kwargs = {"batch_size": batch_size, "show_progress_bar": show_progress_bar}
+    task_settings: dict[str, dict[str, str]] = {}
     try:
         for task in tqdm(resolved, desc="Tasks", unit="task", disable=not show_progress_bar or len(resolved) < 2):
             preloaded = task.data_loaded
             _load_task_data(task, data_dir)
+            if getattr(task, "identical_ids_rule", None):
+                task_settings[task.metadata.name] = {"identical_ids": task.identical_ids_rule}
             for wrapper, run in zip(wrappers, runs):
                 if wrapper.plan is not None:
                     wrapper.plan.register(task)
@@ -437,7 +483,7 @@ def evaluate_model(
     for wrapper, run in zip(wrappers, runs):
         run.context_log = wrapper.context_log
 
-    report = EvaluationReport(model_name=model_name, revision=revision, runs=runs)
+    report = EvaluationReport(model_name=model_name, revision=revision, runs=runs, task_settings=task_settings)
     if output_dir is not None:
         report.files = _write_reports(report, Path(output_dir).expanduser())
     return report
@@ -601,6 +647,9 @@ def _write_reports(report: EvaluationReport, output_dir: Path) -> dict[str, Path
         tag += f"_prefixes-{prefixes if isinstance(prefixes, str) else 'custom'}"
     title = f"MTEB summary: {report.model_name} @ {report.revision} (context={first.context}, seed={first.seed})"
     files = write_summary(report.scores, output_dir / "summary" / tag, title, report.model_name)
+    if report.task_settings:
+        with files["summary_md"].open("a", encoding="utf-8") as handle:
+            handle.write(report.settings_markdown())
     context_path = output_dir / "summary" / f"{tag}.contexts.json"
     context_path.write_text(
         json.dumps({r.label: r.context_log for r in report.runs}, indent=1, ensure_ascii=False), encoding="utf-8"
