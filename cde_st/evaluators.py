@@ -1,23 +1,83 @@
-"""In-training evaluation: a BEIR folder scored with its own corpus as context.
+"""In-training evaluation of contextual models: every evaluator scores with a corpus context, never the null one.
 
-A light sentence-transformers evaluator for ``SentenceTransformerTrainer(evaluator=...)``: before scoring, a
-contextual model gets the context of the evaluated corpus (seeded sample, document prompt), exactly as the MTEB kit
-does it; afterwards the model's previous context is restored. Scoring is sentence-transformers'
-``InformationRetrievalEvaluator`` (NDCG@10 is the main score). Final numbers come from ``eval/run_mteb.py``.
+A contextual model evaluated without a context is a plain bi-encoder (the null context), so a stock
+sentence-transformers evaluator would score it, and pick the best checkpoint, on the wrong model. Here:
+
+- :class:`ContextualRetrievalEvaluator`: a BEIR folder scored with its own corpus as context (seeded sample of
+  ``context_size`` documents, document prompt), as the MTEB kit does it. Scoring is sentence-transformers'
+  ``InformationRetrievalEvaluator`` (NDCG@10 is the main score). Final numbers come from ``eval/run_mteb.py``.
+- :class:`ContextualEvaluator`: any sentence-transformers evaluator run with a given corpus as context.
+- :func:`with_corpus_context`: what the trainer does with the evaluator it is given: context-aware evaluators
+  pass, a stock ``InformationRetrievalEvaluator`` is wrapped with its own corpus (with a warning), anything else
+  that cannot give the model a context is refused.
+
+Each sets the context for the call only and restores the model's previous context afterwards.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+from sentence_transformers.sentence_transformer.evaluation import (
+    InformationRetrievalEvaluator,
+    SentenceEvaluator,
+    SequentialEvaluator,
+)
 
+from cde_st.context import ContextInfo, sample_context
 from cde_st.model import contextual_module, is_contextual
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def corpus_context(
+    model: Any, corpus: Sequence[str], context_size: int | None = None, seed: int = 0, batch_size: int = 32
+) -> Iterator[ContextInfo | None]:
+    """Within the ``with`` block, ``model``'s context is ``context_size`` documents of ``corpus``
+    (:func:`cde_st.context.sample_context`, seeded; ``None``: the model's J; fewer than J leave the other slots
+    null; 0 is the null context), prefixed with the model's document prompt. The previous context is restored
+    afterwards. Yields the :class:`ContextInfo` (``None`` for a non-contextual model, which is left alone).
+
+    Example:
+        >>> with corpus_context(model, corpus_texts, context_size=64, seed=0):  # doctest: +SKIP
+        ...     scores = stock_evaluator(model)
+    """
+    if not is_contextual(model):
+        yield None
+        return
+    module = contextual_module(model)
+    slots = module.context_size
+    size = slots if context_size is None else context_size
+    if not 0 <= size <= slots:
+        raise ValueError(f"context_size={size} must be between 0 and the model's {slots} context slots.")
+    prompt = (getattr(model, "prompts", None) or {}).get("document")
+    prompt = module.document_prompt if prompt is None else prompt
+    previous = (module.context_vectors, module.context_info)
+    was_training = module.training
+    try:
+        if size == slots:  # J documents: set_context samples the same ones back and records them
+            info = module.set_context(list(corpus), seed=seed, prompt=prompt, batch_size=batch_size)
+        else:
+            texts = sample_context(corpus, size, seed) if size else []
+            vectors = module.embed_context_texts([prompt + t for t in texts], batch_size=batch_size)
+            info = module.set_context(vectors)
+            info.seed, info.prompt, info.corpus_size = seed, prompt, len(corpus)
+        yield info
+    finally:
+        module.set_context(previous[0]) if previous[0] is not None else module.clear_context()
+        module.context_info = previous[1]
+        module.train(was_training)
 
 
 class ContextualRetrievalEvaluator(InformationRetrievalEvaluator):
-    """Retrieval evaluator for a BEIR folder (``corpus.jsonl[.gz]``, ``queries.jsonl``, ``qrels/{split}.tsv``).
+    """Retrieval evaluator for a BEIR folder (``corpus.jsonl[.gz]``, ``queries.jsonl``, ``qrels/{split}.tsv``)
+    that scores a contextual model with ``context_size`` documents of the evaluated corpus as its context.
 
     Args:
         folder: the BEIR folder.
@@ -25,10 +85,12 @@ class ContextualRetrievalEvaluator(InformationRetrievalEvaluator):
         max_corpus: keep the judged documents plus a seeded sample of the others up to this many (faster,
             optimistic scores); ``None`` keeps the whole corpus.
         seed: context sampling (and corpus subsampling) seed.
-        context_size: documents of the context; ``None`` uses the model's J.
+        context_size: documents of the context, sampled from the (possibly subsampled) corpus with
+            :func:`cde_st.context.sample_context`; ``None`` uses the model's J, fewer leave the other slots null.
+        name, batch_size, kwargs: as for ``InformationRetrievalEvaluator``.
 
     Example:
-        >>> evaluator = ContextualRetrievalEvaluator("../shared/data/retrieval/scifact", split="test")  # doctest: +SKIP
+        >>> evaluator = ContextualRetrievalEvaluator("../shared/data/retrieval/scifact", context_size=64)  # doctest: +SKIP
         >>> evaluator(model)["scifact_cosine_ndcg@10"]                                                  # doctest: +SKIP
     """
 
@@ -40,10 +102,15 @@ class ContextualRetrievalEvaluator(InformationRetrievalEvaluator):
         seed: int = 0,
         name: str | None = None,
         batch_size: int = 32,
+        context_size: int | None = None,
         **kwargs,
     ) -> None:
         from cde_st.evaluation.local_tasks import load_retrieval_split
 
+        if context_size is not None and (isinstance(context_size, bool) or not isinstance(context_size, int)):
+            raise TypeError(f"context_size must be an int or None, got {context_size!r}.")
+        if context_size is not None and context_size < 0:
+            raise ValueError(f"context_size must be >= 0, got {context_size}.")
         data = load_retrieval_split(folder, split)
         corpus = {
             i: (t + " " + x).strip()
@@ -58,6 +125,7 @@ class ContextualRetrievalEvaluator(InformationRetrievalEvaluator):
             keep = judged | set(rng.choice(others, size=max(0, max_corpus - len(judged)), replace=False).tolist())
             corpus = {i: corpus[i] for i in corpus if i in keep}
         self.seed = seed
+        self.context_size = context_size
         super().__init__(
             queries=queries,
             corpus=corpus,
@@ -68,14 +136,89 @@ class ContextualRetrievalEvaluator(InformationRetrievalEvaluator):
         )
 
     def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
-        if not is_contextual(model):
+        with corpus_context(model, self.corpus, self.context_size, self.seed, batch_size=self.batch_size):
             return super().__call__(model, output_path, epoch, steps)
-        module = contextual_module(model)
-        previous = (module.context_vectors, module.context_info)
-        was_training = module.training
-        try:
-            module.set_context(self.corpus, seed=self.seed, prompt=model.prompts.get("document"))
-            return super().__call__(model, output_path, epoch, steps)
-        finally:
-            module.context_vectors, module.context_info = previous
-            module.train(was_training)
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {**super().get_config_dict(), "context_size": self.context_size, "context_seed": self.seed}
+
+
+class ContextualEvaluator(SentenceEvaluator):
+    """Any sentence-transformers evaluator, run with ``context_size`` documents of ``corpus`` as the model's
+    context (see :func:`corpus_context`). ``primary_metric`` and ``greater_is_better`` are the wrapped evaluator's,
+    so checkpoint selection works as with the evaluator itself.
+
+    Example:
+        >>> sts = EmbeddingSimilarityEvaluator(s1, s2, scores)                                # doctest: +SKIP
+        >>> evaluator = ContextualEvaluator(sts, corpus=s1 + s2, context_size=64, seed=0)      # doctest: +SKIP
+    """
+
+    def __init__(
+        self, evaluator: SentenceEvaluator, corpus: Sequence[str], context_size: int | None = None, seed: int = 0
+    ) -> None:
+        self.evaluator = evaluator
+        self.corpus = list(corpus)
+        self.context_size = context_size
+        self.seed = seed
+        if not self.corpus:
+            raise ValueError("ContextualEvaluator needs a non-empty corpus to sample the context from.")
+
+    @property
+    def primary_metric(self) -> str | None:
+        return getattr(self.evaluator, "primary_metric", None)
+
+    @primary_metric.setter
+    def primary_metric(self, value: str | None) -> None:
+        self.evaluator.primary_metric = value
+
+    @property
+    def greater_is_better(self) -> bool:
+        return getattr(self.evaluator, "greater_is_better", True)
+
+    @greater_is_better.setter
+    def greater_is_better(self, value: bool) -> None:
+        self.evaluator.greater_is_better = value
+
+    @property
+    def description(self) -> str:
+        return self.evaluator.description
+
+    def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1):
+        with corpus_context(model, self.corpus, self.context_size, self.seed):
+            return self.evaluator(model, output_path, epoch, steps)
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {**self.evaluator.get_config_dict(), "context_size": self.context_size, "context_seed": self.seed}
+
+
+def with_corpus_context(
+    evaluator: SentenceEvaluator | None, model: Any, context_size: int | None = None, seed: int = 0
+) -> SentenceEvaluator | None:
+    """``evaluator`` made safe for ``model``: unchanged for a non-contextual model or a context-aware evaluator
+    (:class:`ContextualRetrievalEvaluator`, :class:`ContextualEvaluator`); a stock ``InformationRetrievalEvaluator``
+    is wrapped to use its own corpus as context (with a warning); a ``SequentialEvaluator``'s members are treated
+    the same way; any other evaluator raises ``TypeError`` (wrap it in :class:`ContextualEvaluator` with the
+    corpus whose context it should see)."""
+    if evaluator is None or not is_contextual(model):
+        return evaluator
+    if isinstance(evaluator, (ContextualRetrievalEvaluator, ContextualEvaluator)):
+        return evaluator
+    if isinstance(evaluator, SequentialEvaluator):
+        members = [with_corpus_context(e, model, context_size, seed) for e in evaluator.evaluators]
+        return SequentialEvaluator(members, main_score_function=evaluator.main_score_function)
+    if isinstance(evaluator, InformationRetrievalEvaluator):
+        logger.warning(
+            "%s scores a contextual model with the null context (no context: a plain bi-encoder); wrapping it so "
+            "that it samples the context from its own corpus (%d documents, seed %d). Use "
+            "cde_st.evaluators.ContextualRetrievalEvaluator to choose this explicitly.",
+            type(evaluator).__name__,
+            len(evaluator.corpus),
+            seed,
+        )
+        return ContextualEvaluator(evaluator, evaluator.corpus, context_size=context_size, seed=seed)
+    raise TypeError(
+        f"{type(evaluator).__name__} would score the contextual model with the null context (a plain bi-encoder) "
+        "and checkpoints would be chosen on that. Wrap it: "
+        "cde_st.evaluators.ContextualEvaluator(evaluator, corpus=TEXTS, context_size=J), or use "
+        "cde_st.evaluators.ContextualRetrievalEvaluator for retrieval."
+    )

@@ -671,6 +671,9 @@ def build_batch_sampler(cfg: TrainConfig, pairs):
 
 
 def build_evaluator(cfg: TrainConfig):
+    """The in-training evaluator of ``cfg.eval_folder``: a :class:`~cde_st.evaluators.ContextualRetrievalEvaluator`,
+    which scores a contextual model with the model's J documents of the evaluated corpus as context (a stock
+    ``InformationRetrievalEvaluator`` would score the null context, a plain bi-encoder)."""
     if not cfg.eval_folder:
         return None
     from cde_st.evaluators import ContextualRetrievalEvaluator
@@ -789,14 +792,24 @@ def train(
     resume: bool | str = False,
     overwrite_output_dir: bool = False,
     allow_config_change: bool = False,
+    evaluator=None,
 ):
     """Train as configured; save the final model (with its model card) to ``output_dir/final``; return it.
 
     ``resume``: continue from the last checkpoint in ``output_dir`` (or from the given checkpoint folder);
     ``overwrite_output_dir``: replace an earlier run in ``output_dir``; ``allow_config_change``: resume although
-    the config differs from the checkpoints' (see :func:`prepare_output_dir`)."""
+    the config differs from the checkpoints' (see :func:`prepare_output_dir`). ``evaluator``: a
+    sentence-transformers evaluator to use instead of ``eval_folder``'s; for a contextual model it goes through
+    :func:`cde_st.evaluators.with_corpus_context` (a stock ``InformationRetrievalEvaluator`` gets its own corpus as
+    context, other evaluators must come wrapped in :class:`~cde_st.evaluators.ContextualEvaluator`)."""
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
+    from cde_st.evaluators import with_corpus_context
+
+    if evaluator is not None and cfg.eval_folder:
+        raise ValueError(
+            f"Give either eval_folder ({cfg.eval_folder!r}) or an evaluator ({type(evaluator).__name__}), not both."
+        )
     torch.manual_seed(cfg.seed)
     prepare_output_dir(cfg, resume, overwrite_output_dir, allow_config_change)
 
@@ -804,7 +817,8 @@ def train(
     train_dataset = pairs.remove_columns("domain")  # the collator would feed any extra column to the model
     model = build_model(cfg)
     loss = build_loss(cfg, model)
-    evaluator = build_evaluator(cfg)
+    # A contextual model must never be scored (and its best checkpoint chosen) with the null context.
+    evaluator = with_corpus_context(evaluator or build_evaluator(cfg), model, seed=cfg.seed)
     prompts = resolved_prompts(cfg)
     args = SentenceTransformerTrainingArguments(
         output_dir=cfg.output_dir,
