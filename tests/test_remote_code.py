@@ -1,0 +1,47 @@
+"""Loading never runs code from the model folder: ContextualSentenceTransformer(path) takes the module classes from
+the installed cde_st, whereas SentenceTransformer(path, trust_remote_code=True) imports a cde_st.py found in the
+folder (a planted file shadows the package). The docs therefore use ContextualSentenceTransformer(path)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from cde_st import ContextualSentenceTransformer, ContextualTransformer
+
+
+def _plant(folder, marker) -> None:
+    # A module named like the package, as a hub repo or shared folder could carry: it leaves a marker when imported
+    # and then passes the real class on, so loading would otherwise look normal.
+    (folder / "cde_st.py").write_text(
+        "from pathlib import Path\n"
+        f"Path({str(marker)!r}).write_text('planted cde_st.py ran')\n"
+        "from cde_st.modules.contextual_transformer import ContextualTransformer  # noqa: F401\n"
+    )
+
+
+def test_contextual_sentence_transformer_does_not_import_a_planted_cde_st_py(make_tiny_cde, tmp_path):
+    folder, marker = tmp_path / "model", tmp_path / "MARKER"
+    make_tiny_cde(context_size=2).save(str(folder))
+    _plant(folder, marker)
+
+    model = ContextualSentenceTransformer(str(folder))
+    assert not marker.exists()
+    assert type(model[0]) is ContextualTransformer  # the installed class
+
+
+def test_trust_remote_code_route_imports_the_planted_file(make_tiny_cde, tmp_path):
+    # Documents why the README does not recommend this route. A subprocess, so the dynamic module lands in a
+    # temporary HF_MODULES_CACHE and never in this interpreter.
+    folder, marker = tmp_path / "model", tmp_path / "MARKER"
+    make_tiny_cde(context_size=2).save(str(folder))
+    _plant(folder, marker)
+    code = (
+        "from sentence_transformers import SentenceTransformer\n"
+        f"SentenceTransformer({str(folder)!r}, trust_remote_code=True)\n"
+    )
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "hf_modules"), HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert marker.exists(), "sentence-transformers no longer imports cde_st.py from the folder: update the README"
