@@ -27,6 +27,7 @@ _EXPORTS = {
     "context_pool": "pools",
     "ContextualEncoderWrapper": "wrapper",
     "TaskPrefixes": "wrapper",
+    "mteb_model_meta": "wrapper",
     "TaskScore": "report",
 }
 

@@ -291,3 +291,36 @@ def build_model_meta(
             "experiment_kwargs": dict(experiment_kwargs) if experiment_kwargs else None,
         }
     )
+
+
+def mteb_model_meta(model: SentenceTransformer, *, name: str | None = None, revision: str | None = None) -> Any:
+    """The ``mteb.models.ModelMeta`` to evaluate ``model`` *as it is now* with mteb directly: its name, and a
+    revision that includes the active context's fingerprint (``ctx-none`` without one).
+
+    mteb names a local model ``no_model_name/available`` and, by default, returns cached results without encoding
+    anything; for a contextual model that silently gives the score of whichever context ran first. Call this after
+    every ``set_context`` and put the name/revision on the model card (or use a fresh ``ResultCache``, or
+    ``overwrite_strategy="always"``). ``evaluate_model`` needs none of this: it keys results itself.
+
+    Args:
+        model: a (contextual or plain) sentence-transformers model.
+        name: ``org/name`` (default: the model card's name, else ``local/<class>``).
+        revision: the model part of the revision (default: a hash of the weights).
+
+    Example:
+        >>> set_context(model, corpus_texts)  # doctest: +SKIP
+        >>> meta = mteb_model_meta(model, name="me/my-cde")  # doctest: +SKIP
+        >>> model.model_card_data.model_name = meta.name  # doctest: +SKIP
+        >>> model.model_card_data.base_model_revision = meta.revision  # doctest: +SKIP
+        >>> mteb.evaluate(model, task, cache=cache)  # doctest: +SKIP
+    """
+    from cde_st.evaluation.runner import default_model_name, parameter_fingerprint
+
+    info = _model_context_info(model) if is_contextual_model(model) else None
+    context = f"ctx-{info.fingerprint}" if info is not None else "ctx-none"
+    return build_model_meta(
+        model,
+        name=name or default_model_name(model, None),
+        revision=f"{revision or parameter_fingerprint(model)}-{context}",
+        experiment_kwargs=None,
+    )
