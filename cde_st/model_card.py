@@ -87,10 +87,6 @@ class ContextualModelCardData(SentenceTransformerModelCardData):
         ]
     )
 
-    def get_default_model_name(self) -> str:
-        base = f" based on {self.base_model}" if self.base_model else ""
-        return f"Contextual document embedding model (cde_st){base}"
-
     def _model_reference(self) -> str:
         # The hub id when pushing, else the folder as given to save(): the snippet then runs as written.
         return self.model_id or self.save_dir or "path/to/this/model"
