@@ -66,9 +66,21 @@ def set_context(
         >>> model = SentenceTransformer("path/to/cde_model", trust_remote_code=True)  # doctest: +SKIP
         >>> cde_st.set_context(model, corpus_texts, seed=0)                           # doctest: +SKIP
     """
+    if prompt is None and not isinstance(context, (torch.Tensor, np.ndarray)):
+        prompt = context_prompt(model)
     return contextual_module(model).set_context(
         context, seed=seed, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar
     )
+
+
+def context_prompt(model: torch.nn.Module) -> str:
+    """The prompt context documents get: the one the model encodes documents with. For a SentenceTransformer that is
+    ``model.prompts["document"]`` (none if it has no document prompt), else the module's ``document_prompt``.
+    Every route (``ContextualSentenceTransformer.set_context``, :func:`set_context`, ``model[0].set_context``) ends
+    up with this prompt: :class:`ContextualSentenceTransformer` keeps the module's prompts equal to its own."""
+    if isinstance(model, SentenceTransformer):
+        return (model.prompts or {}).get("document", "")
+    return contextual_module(model).document_prompt
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -158,6 +170,7 @@ class ContextualSentenceTransformer(SentenceTransformer):
                 "To build a contextual model from a pretrained encoder use "
                 "ContextualSentenceTransformer.from_encoder(name_or_path, context_size=J)."
             )
+        self._sync_module_prompts()
 
     @classmethod
     def from_encoder(
@@ -182,6 +195,27 @@ class ContextualSentenceTransformer(SentenceTransformer):
         # save() reuses the card read from a loaded folder: refresh its cde_st section, which must describe the
         # context saved now and the folder it is saved to.
         return refresh_contextual_section(super()._update_default_model_id(model_card), self.model_card_data)
+
+    def _sync_module_prompts(self) -> None:
+        """One prompt per role everywhere: the module (whose ``set_context`` a plain SentenceTransformer route or
+        ``model[0]`` uses) gets the model's query/document prompts ("" when the model has none)."""
+        module = self.contextual_module
+        prompts = self.prompts or {}
+        module.query_prompt = prompts.get("query", "")
+        module.document_prompt = prompts.get("document", "")
+
+    def _multi_process(self, inputs, *args, **kwargs):
+        # Worker processes hold a copy of the model made when the pool started: hand them the *current* context
+        # explicitly (an empty one for none), so a context set or cleared later never goes stale in the pool.
+        if "dataset_embeddings" not in kwargs:
+            module = self.contextual_module
+            if module.context_vectors is not None:
+                kwargs["dataset_embeddings"] = module.context_vectors.detach().cpu()
+            else:
+                if module.context_size > 0:
+                    module._context_slots(None, torch.float32)  # the usual one-time null-context warning
+                kwargs["dataset_embeddings"] = torch.zeros(0, module.hidden_size)
+        return super()._multi_process(inputs, *args, **kwargs)
 
     @property
     def contextual_module(self) -> ContextualTransformer:
@@ -209,7 +243,7 @@ class ContextualSentenceTransformer(SentenceTransformer):
         with the document prompt (or ``prompt``), embed them with the first stage once and cache the vectors.
         ``context`` may instead be precomputed first-stage vectors of shape (n <= J, hidden_size)."""
         if prompt is None and not isinstance(context, (torch.Tensor, np.ndarray)):
-            prompt = self.prompts.get("document") or self.contextual_module.document_prompt
+            prompt = context_prompt(self)
         return set_context(
             self, context, seed=seed, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar
         )
@@ -220,7 +254,7 @@ class ContextualSentenceTransformer(SentenceTransformer):
         """First-stage vectors (J, hidden_size) of a corpus sample, without making them active; pass them as
         ``dataset_embeddings=`` to ``encode`` or to :meth:`set_context`."""
         if prompt is None:
-            prompt = self.prompts.get("document") or self.contextual_module.document_prompt
+            prompt = context_prompt(self)
         return self.contextual_module.embed_context(corpus, seed=seed, prompt=prompt, batch_size=batch_size)[0]
 
     def clear_context(self) -> None:

@@ -250,3 +250,42 @@ def test_minilm_contextual_retrieval_sanity(minilm):
     d = model.encode_document(DOCS)
     top = model.similarity(q, d).argmax(1).tolist()
     assert top == [1, 8]
+
+
+def test_every_set_context_route_uses_the_same_prompt(make_tiny_cde, tmp_path):
+    """ContextualSentenceTransformer.set_context, cde_st.set_context(model) and model[0].set_context give the same
+    context for a model with custom prompts (and so do the routes on a plainly loaded copy)."""
+    model = make_tiny_cde(context_size=4, prompts={"query": "q: ", "document": "passage: "})
+    routes = [
+        lambda m: m.set_context(DOCS, seed=0),
+        lambda m: cde_st.set_context(m, DOCS, seed=0),
+        lambda m: m[0].set_context(DOCS, seed=0),
+    ]
+    fingerprints, embeddings = set(), []
+    for route in routes:
+        info = route(model)
+        assert info.prompt == "passage: "
+        fingerprints.add(info.fingerprint)
+        embeddings.append(model.encode_document(DOCS[:3]))
+    assert len(fingerprints) == 1
+    assert all(np.array_equal(e, embeddings[0]) for e in embeddings)
+    no_prompts = make_tiny_cde(context_size=4, prompts={})
+    assert no_prompts.set_context(DOCS).prompt == "" == no_prompts[0].set_context(DOCS).prompt
+    model.save(str(tmp_path / "m"))
+    plain = SentenceTransformer(str(tmp_path / "m"), trust_remote_code=True)
+    assert cde_st.set_context(plain, DOCS).fingerprint == plain[0].set_context(DOCS).fingerprint == fingerprints.pop()
+
+
+def test_multi_process_pool_uses_the_current_context(make_tiny_cde):
+    model = make_tiny_cde(context_size=4)
+    pool = model.start_multi_process_pool(["cpu", "cpu"])
+    try:
+        model.set_context(DOCS[:4])  # set after the workers copied the model
+        expected = model.encode_document(DOCS)
+        np.testing.assert_allclose(model.encode_document(DOCS, pool=pool), expected, atol=1e-6)
+        model.clear_context()
+        with pytest.warns(UserWarning, match="No context is set"):
+            null = model.encode_document(DOCS)
+        np.testing.assert_allclose(model.encode_document(DOCS, pool=pool), null, atol=1e-6)
+    finally:
+        model.stop_multi_process_pool(pool)

@@ -383,7 +383,7 @@ class ContextualTransformer(InputModule):
         )
         # Cached mode, inference: the active context's per-layer keys/values, keyed by the context they came from.
         self._context_cache: tuple[Any, list] | None = None
-        self._register_load_state_dict_pre_hook(lambda *args, **kwargs: self._drop_context_cache())
+        self._register_load_state_dict_pre_hook(self._drop_context_cache)  # new weights: the cache is stale
         if output_head == "none":
             self.head = nn.Identity()
         else:
@@ -673,7 +673,7 @@ class ContextualTransformer(InputModule):
     def _split_attention(self) -> bool:
         return self.context_attention == "cached" or self.context_gate
 
-    def _drop_context_cache(self) -> None:
+    def _drop_context_cache(self, *args, **kwargs) -> None:
         self._context_cache = None
 
     def train(self, mode: bool = True):
