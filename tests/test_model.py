@@ -289,3 +289,35 @@ def test_multi_process_pool_uses_the_current_context(make_tiny_cde):
         np.testing.assert_allclose(model.encode_document(DOCS, pool=pool), null, atol=1e-6)
     finally:
         model.stop_multi_process_pool(pool)
+
+
+def test_context_follows_first_stage_changes(make_tiny_cde, tmp_path):
+    """A context set before training is re-embedded from its documents once the first stage changed (never used
+    or saved stale); vectors given directly cannot be, and a warning says so."""
+    model = make_tiny_cde(context_size=4)
+    module = model.contextual_module
+    info = model.set_context(DOCS, seed=0)
+    old = module.context_vectors.clone()
+    with torch.no_grad():
+        for param in module.first_stage.parameters():
+            param.mul_(1.1)  # what an optimiser step does: in place
+    got = model.encode_document(DOCS[:3])
+    fresh = model.embed_context(DOCS, seed=0)
+    assert not torch.allclose(old, fresh)
+    assert torch.allclose(module.context_vectors, fresh, atol=1e-6)  # recomputed from the same documents
+    assert model.context_info.fingerprint == info.fingerprint
+    np.testing.assert_allclose(got, model.encode_document(DOCS[:3], dataset_embeddings=fresh), atol=1e-6)
+    # saved with its documents: after loading and changing the first stage again, it is re-embedded again
+    model.save(str(tmp_path / "m"))
+    loaded = ContextualSentenceTransformer(str(tmp_path / "m"))
+    with torch.no_grad():
+        for param in loaded.contextual_module.first_stage.parameters():
+            param.mul_(0.9)
+    loaded.encode_document(DOCS[:1])
+    assert torch.allclose(loaded.contextual_module.context_vectors, loaded.embed_context(DOCS, seed=0), atol=1e-6)
+    # vectors given directly: a warning, not a silent stale context
+    model.set_context(fresh)
+    with torch.no_grad():
+        next(module.first_stage.parameters()).add_(0.5)
+    with pytest.warns(UserWarning, match="may be stale"):
+        model.encode_document(DOCS[:1])

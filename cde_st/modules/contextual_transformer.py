@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
+import logging
 import os
 import pickle
 import warnings
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from sentence_transformers.base.modules import InputModule
 from sentence_transformers.util import load_file_path
@@ -39,6 +40,8 @@ from cde_st.context import (
     validate_texts,
 )
 from cde_st.modules.backbone import NO_POSITION, get_adapter
+
+logger = logging.getLogger(__name__)
 
 CONTEXT_FILE = "context.safetensors"
 DEFAULT_QUERY_PROMPT = "search_query: "
@@ -394,6 +397,9 @@ class ContextualTransformer(InputModule):
         self.register_buffer("context_vectors", None, persistent=False)
         self.context_info: ContextInfo | None = None
         self._warned_null_context = False
+        self._context_texts: list[str] | None = None  # the prompted documents of the active context, if texts
+        self._context_stage_version: int | None = None
+        self._warned_stale_context = False
         self._prompt_length_cache: dict[str, int] = {}
 
     # ------------------------------------------------------------------ construction
@@ -531,6 +537,7 @@ class ContextualTransformer(InputModule):
         corpus = validate_texts(corpus)
         prompt = self.document_prompt if prompt is None else prompt
         sampled = [prompt + t for t in sample_context(corpus, self.context_size, seed)]
+        self._last_sampled = sampled  # set_context keeps them, to recompute the vectors if the first stage changes
         vectors = self.embed_context_texts(sampled, batch_size=batch_size, show_progress_bar=show_progress_bar)
         info = ContextInfo(
             size=len(sampled),
@@ -557,18 +564,62 @@ class ContextualTransformer(InputModule):
             info = ContextInfo(
                 size=len(vectors), seed=None, fingerprint=fingerprint_array(vectors.cpu().numpy()), source="vectors"
             )
+            texts = None
         else:
             vectors, info = self.embed_context(
                 context, seed=seed, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar
             )
+            texts = self._last_sampled
         self.context_vectors = vectors.detach().to(self.device)
         self._drop_context_cache()
         self.context_info = info
+        self._context_texts = texts
+        self._context_stage_version = self._first_stage_version()
+        self._warned_stale_context = False
         return info
+
+    # ------------------------------------------------------------------ keeping the context fresh
+    def _first_stage_version(self) -> int:
+        """Changes whenever a weight of the first stage or of the context head changes in place (optimiser steps,
+        load_state_dict): the sum of their tensors' version counters."""
+        return sum(p._version for p in (*self.first_stage.parameters(), *self.context_head.parameters()))
+
+    def refresh_context(self) -> bool:
+        """Recompute the active context if the first stage changed since it was set (e.g. by training).
+
+        A context set from texts is re-embedded from the same sampled documents (its fingerprint stays the same);
+        vectors given directly cannot be recomputed, and a warning says so once. Called before every encode that
+        uses the active context and by :meth:`save`, so a stale context is never used or written. Returns whether
+        the context was recomputed."""
+        if self.context_vectors is None or getattr(self, "_context_stage_version", None) is None:
+            return False
+        if self._first_stage_version() == self._context_stage_version:
+            return False
+        if self._context_texts is None:
+            if not self._warned_stale_context:
+                warnings.warn(
+                    "The first stage changed since the context vectors were set (given as vectors, so they cannot be "
+                    "recomputed): they may be stale. Call set_context(corpus_texts) again.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                self._warned_stale_context = True
+            return False
+        logger.info(
+            "The first stage changed since set_context: re-embedding the %d context documents.",
+            len(self._context_texts),
+        )
+        vectors = self.embed_context_texts(self._context_texts)
+        self.context_vectors = vectors.detach().to(self.device)
+        self._drop_context_cache()
+        self._context_stage_version = self._first_stage_version()
+        return True
 
     def clear_context(self) -> None:
         """Forget the active context: encoding falls back to the null context (with a warning)."""
         self._drop_context_cache()
+        self._context_texts = None
+        self._context_stage_version = None
         self.context_vectors = None
         self.context_info = None
         self._warned_null_context = False
@@ -599,6 +650,8 @@ class ContextualTransformer(InputModule):
             # Checked whether or not they require grad: NaN or too many rows must fail in training as well.
             vectors = self.validate_context_vectors(dataset_embeddings).to(device=self.device, dtype=dtype)
         elif self.context_vectors is not None:
+            if not self.training:
+                self.refresh_context()
             vectors = self.context_vectors.to(dtype)
         else:
             if self.context_size > 0 and not self._warned_null_context and not self.training:
@@ -735,7 +788,12 @@ class ContextualTransformer(InputModule):
         self.save_tokenizer(output_path)
         context_path = os.path.join(output_path, CONTEXT_FILE)
         if self.context_vectors is not None:
-            save_file({"vectors": self.context_vectors.detach().float().cpu().contiguous()}, context_path)
+            self.refresh_context()  # never write vectors of an older first stage
+            # the sampled documents go with the vectors, so a loaded model can re-embed them after more training
+            metadata = {"texts": json.dumps(self._context_texts)} if self._context_texts is not None else None
+            save_file(
+                {"vectors": self.context_vectors.detach().float().cpu().contiguous()}, context_path, metadata=metadata
+            )
         elif os.path.exists(context_path):
             os.remove(context_path)
 
@@ -885,6 +943,11 @@ class ContextualTransformer(InputModule):
             )
         self.context_vectors = vectors
         self.context_info = info
+        with safe_open(context_path, framework="pt") as f:
+            texts = (f.metadata() or {}).get("texts")
+        self._context_texts = json.loads(texts) if texts else None
+        self._context_stage_version = self._first_stage_version()
+        self._warned_stale_context = False
 
 
 def _own_storage(model: nn.Module) -> None:
