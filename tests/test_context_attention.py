@@ -7,17 +7,9 @@ import numpy as np
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
+from test_model import DOCS  # tests/ is on sys.path under pytest
 
 from cde_st import ContextualSentenceTransformer
-
-DOCS = [
-    "The cat sat on the mat.",
-    "Rain forms when water vapour condenses into droplets.",
-    "Stocks fell sharply on Monday after the announcement.",
-    "Proteins fold into three-dimensional shapes that determine their function in the cell.",
-    "A short one.",
-    "Glaciers are retreating in most mountain ranges of the world.",
-]
 
 
 def _uncached_reference(model, texts: list[str], context: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issues 11 and 12: the contextual model that starts as its bi-encoder (zero-initialised context gate), trained on
+# partial and empty contexts (context_dropout), with cached or joint context attention, against the bi-encoder
+# (c) of docs/RESULTS.md (issue 6) on the same data, batches, loss and seeds (preset `mini`, no prefixes).
+# Usage: bash benchmarks/context_gate_comparison.sh VARIANT SEED [eval-only]
+#   VARIANT: dgc (gate + cached), dgj (gate + joint), c (bi-encoder baseline); SEED: 42 (the preset's) or 1, 2
+# Scores SciFact test NDCG@10 at max_seq_length 256 with J = 64, 0 and 16 (the context-size sweep).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+variant=$1; seed=$2; out=runs/mini-$variant-s$seed
+GATE=(context_dropout=0.5 added_params_lr=0.005)
+case $variant in
+  dgc) settings=(model=contextual "model_config={context_gate: true, context_attention: cached}" "${GATE[@]}") ;;
+  dgj) settings=(model=contextual "model_config={context_gate: true, context_attention: joint}" "${GATE[@]}") ;;
+  c) settings=(model=biencoder) ;;
+  *) echo "unknown variant $variant" >&2; exit 2 ;;
+esac
+if [[ ${3:-} != eval-only ]]; then
+  python train/train_cde.py --preset mini --output-dir "$out" --set seed="$seed" "${settings[@]}" \
+    "query_prompt=''" "document_prompt=''"
+fi
+sizes=(64 0 16); [[ $variant == c ]] && sizes=(64)
+python eval/run_mteb.py --model "$out/final" --model-name "cde-st/mini-$variant-s$seed" --tasks scifact \
+  --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --context-size "${sizes[@]}" \
+  --output-dir "runs/eval-gate/$variant-s$seed" --quiet
