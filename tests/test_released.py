@@ -306,3 +306,70 @@ def test_eval_kit_runs_a_released_model(fixture_dir, tmp_path):
     (entry,) = report.runs[0].context_log
     assert entry["size"] == 8 and entry["prompt"] == "search_document: " and entry["pool_size"] == 12
     assert 0.0 <= report.score("tinyret") <= 100.0
+
+
+@pytest.mark.parametrize("attention", ["cached", "joint"])
+def test_rotary_backbone_zero_gate_is_the_encoder(tiny_rotary_dir, inputs, attention):
+    """With the context gate at zero a ModernBERT / NomicBERT contextual model is exactly its encoder (rotary text
+    positions, ModernBERT's sliding window and final norm included), whatever the context."""
+    from transformers import AutoModel
+
+    model = ContextualSentenceTransformer.from_encoder(
+        tiny_rotary_dir,
+        context_size=8,
+        max_seq_length=64,
+        output_head="none",
+        context_gate=True,
+        context_attention=attention,
+        prompts={},
+    )
+    model.eval()
+    module = model.contextual_module
+    encoder = AutoModel.from_pretrained(tiny_rotary_dir).eval()
+    features = module.preprocess(inputs["documents"])
+    with torch.no_grad():
+        hidden = encoder(input_ids=features["input_ids"], attention_mask=features["attention_mask"]).last_hidden_state
+        mask = features["attention_mask"].unsqueeze(-1).float()
+        expected = (hidden * mask).sum(1) / mask.sum(1)
+    ctx = torch.randn(8, module.hidden_size, generator=torch.Generator().manual_seed(0))
+    for context in (ctx, ctx[:3], None):
+        kwargs = {} if context is None else {"dataset_embeddings": context}
+        got = model.encode(inputs["documents"], convert_to_tensor=True, **kwargs)
+        assert (got - expected).abs().max() <= 1e-5
+    with torch.no_grad():
+        module.gates.fill_(0.5)
+    assert (
+        model.encode(inputs["documents"], convert_to_tensor=True, dataset_embeddings=ctx) - expected
+    ).abs().max() > 1e-4
+
+
+def test_rotary_backbone_cached_equals_uncached(tiny_rotary_dir, inputs):
+    """Cached mode on rotary backbones equals the joint sequence run through the backbone with a 4-D mask in which
+    context rows (unrotated) see only context rows."""
+    model = ContextualSentenceTransformer.from_encoder(
+        tiny_rotary_dir, context_size=8, max_seq_length=64, output_head="none", context_attention="cached", prompts={}
+    )
+    model.eval()
+    module = model.contextual_module
+    backbone, adapter = module.second_stage, module.second_adapter
+    if backbone.config.model_type == "modernbert":  # the 4-D mask below has no sliding window: make all layers global
+        backbone.config.layer_types = ["full_attention"] * backbone.config.num_hidden_layers
+        for layer in backbone.layers:
+            layer.attention_type = "full_attention"
+            layer.attn.sliding_window = None
+    ctx = torch.randn(8, module.hidden_size, generator=torch.Generator().manual_seed(0))
+    model.set_context(ctx)
+    got = model.encode(inputs["documents"], convert_to_tensor=True)
+    features = module.preprocess(inputs["documents"])
+    ids, mask = features["input_ids"], features["attention_mask"]
+    with torch.no_grad():
+        text = adapter.embed_tokens(backbone, ids, None)
+        hidden = torch.cat([ctx.unsqueeze(0).expand(len(ids), -1, -1), text], dim=1)
+        rows = torch.arange(8 + ids.shape[1])
+        allowed = (rows[:, None] >= 8) | (rows[None, :] < 8)
+        mask4d = torch.cat([mask.new_ones(len(ids), 8), mask], 1).bool()[:, None, None, :] & allowed[None, None]
+        positions = torch.cat([torch.full((8,), -1), torch.arange(ids.shape[1])])
+        out = adapter.encode(backbone, hidden, mask4d, positions, 8)[:, 8:]
+        m = mask.unsqueeze(-1).float()
+        expected = (out * m).sum(1) / m.sum(1)
+    assert (got - expected).abs().max() <= 1e-5

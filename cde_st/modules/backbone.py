@@ -78,14 +78,50 @@ class BackboneAdapter:
         """
         raise NotImplementedError
 
-    #: Whether :meth:`context_states` / :meth:`encode_split` are implemented (cached context, context gate).
+    # ---- cde_st's own attention variants (cached context, context gate), written once over per-family hooks.
+    # The hooks take a layer apart: queries/keys/values of some rows (with rotary angles for text rows, none for
+    # the position-free prefix), and the rest of the layer given the attended values. The prefix and the text can
+    # then attend with different rules while every weight of the pretrained layer is used as it is.
+
+    #: Whether the hooks below are implemented (cached context, context gate).
     split_attention: bool = False
+
+    def _layers(self, model):
+        raise ValueError(f"{type(self).__name__} does not implement split (cached / gated) context attention.")
+
+    def _qkv(self, layer, hidden, rope):
+        """(B, S, d) -> q, k, v (B, H, S, hd); ``rope`` (cos, sin) rotates q and k (None: no rotation)."""
+        raise NotImplementedError
+
+    def _finish(self, layer, attended, hidden):
+        """The rest of the layer: attended values (B, H, S, hd) and the layer input (B, S, d) -> layer output."""
+        raise NotImplementedError
+
+    def _dropout(self, layer) -> float:
+        return 0.0
+
+    def _text_rope(self, model, layer, text):
+        """Rotary (cos, sin) of text positions 0..L-1 for ``layer`` (None for absolute-position backbones)."""
+        return None
+
+    def _window(self, model, layer) -> int | None:
+        """Half-width of ``layer``'s sliding window over the text, or None for global attention."""
+        return None
+
+    def _final(self, model, hidden):
+        return hidden
 
     def context_states(self, model: PreTrainedModel, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, the keys and values of the prefix rows when they attend only to each other:
         (P, d) -> [(k, v)] with k, v (1, heads, P, head_dim). They depend on the corpus alone, so they can be
         computed once per context and reused for every text (``context_attention="cached"``)."""
-        raise ValueError(f"{type(self).__name__} does not implement split (cached / gated) context attention.")
+        hidden, states = context.unsqueeze(0), []
+        for layer in self._layers(model):
+            q, k, v = self._qkv(layer, hidden, None)
+            states.append((k, v))
+            attended = F.scaled_dot_product_attention(q, k, v, dropout_p=self._dropout(layer))
+            hidden = self._finish(layer, attended, hidden)
+        return states
 
     def encode_split(
         self,
@@ -102,8 +138,34 @@ class BackboneAdapter:
         context rows); None: joint attention (prefix rows also attend to the text, recomputed per batch).
         ``gates`` (layers, heads) or None: text rows read the prefix through a separate softmax scaled by
         tanh(gate), added to their text-only attention; zero gates give exactly the plain encoder on the text.
+        Sliding-window layers apply their window among text tokens; the prefix stays visible to every row.
         """
-        raise ValueError(f"{type(self).__name__} does not implement split (cached / gated) context attention.")
+        batch, length, text_mask = text.shape[0], text.shape[1], text_mask.bool()
+        prefix = None if cached is not None else context.unsqueeze(0).expand(batch, -1, -1)
+        keys_valid = text_mask[:, None, None, :]  # (B, 1, 1, L)
+        prefix_valid = text_mask.new_ones(batch, 1, 1, context.shape[0])
+        offsets = torch.arange(length, device=text.device)
+        hidden = text
+        for i, layer in enumerate(self._layers(model)):
+            p = self._dropout(layer)
+            window = self._window(model, layer)
+            text_keys = keys_valid
+            if window is not None:
+                text_keys = keys_valid & ((offsets[:, None] - offsets[None, :]).abs() <= window)[None, None]
+            q, k, v = self._qkv(layer, hidden, self._text_rope(model, layer, hidden))
+            if cached is not None:
+                k_pre, v_pre = (t.expand(batch, -1, -1, -1) for t in cached[i])
+            else:
+                q_pre, k_pre, v_pre = self._qkv(layer, prefix, None)
+                joint = torch.cat([prefix_valid, keys_valid], dim=-1)
+                attended = F.scaled_dot_product_attention(
+                    q_pre, torch.cat([k_pre, k], 2), torch.cat([v_pre, v], 2), attn_mask=joint, dropout_p=p
+                )
+                prefix = self._finish(layer, attended, prefix)
+            gate = None if gates is None else gates[i]
+            attended = _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, p)
+            hidden = self._finish(layer, attended, hidden)
+        return self._final(model, hidden)
 
 
 def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -116,16 +178,18 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1)
 
 
-def _text_attention(q, k, v, k_pre, v_pre, text_mask, gate, dropout_p):
-    """Attention of text queries over [prefix ; text] keys. (B, H, L, hd) each; prefix (B, H, P, hd).
+def _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, dropout_p):
+    """Attention of text queries over [prefix ; text] keys. (B, H, L, hd) each; prefix (B, H, P, hd); ``text_keys``
+    (B, 1, 1 or L, L) says which text keys each query may see (padding, sliding window).
 
-    Without a gate: one softmax over prefix and text keys (padding masked). With a gate (H,): a text-only softmax
-    plus tanh(gate) times a prefix-only softmax (zero-init attention adapters)."""
+    Without a gate: one softmax over prefix and text keys. With a gate (H,): a text-only softmax plus tanh(gate)
+    times a prefix-only softmax (zero-init attention adapters)."""
     if gate is None:
         keys, values = torch.cat([k_pre, k], dim=2), torch.cat([v_pre, v], dim=2)
-        mask = torch.cat([text_mask.new_ones(text_mask.shape[0], k_pre.shape[2]), text_mask], dim=1)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None, None, :], dropout_p=dropout_p)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=text_mask[:, None, None, :], dropout_p=dropout_p)
+        prefix_keys = text_keys.new_ones(*text_keys.shape[:3], k_pre.shape[2])
+        mask = torch.cat([prefix_keys.expand(-1, -1, text_keys.shape[2], -1), text_keys], dim=-1)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout_p)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=text_keys, dropout_p=dropout_p)
     if k_pre.shape[2] == 0:
         return out
     read = F.scaled_dot_product_attention(q, k_pre, v_pre, dropout_p=dropout_p)
@@ -163,7 +227,10 @@ class BertAdapter(BackboneAdapter):
 
     # A BertLayer is: self-attention (query/key/value), attention.output (dense, dropout, residual, LayerNorm),
     # intermediate and output (FFN, residual, LayerNorm). The split paths below reuse those modules as they are.
-    def _qkv(self, layer, hidden):
+    def _layers(self, model):
+        return model.encoder.layer
+
+    def _qkv(self, layer, hidden, rope):
         attn = layer.attention.self
         return [_heads(proj(hidden), attn.attention_head_size) for proj in (attn.query, attn.key, attn.value)]
 
@@ -174,34 +241,15 @@ class BertAdapter(BackboneAdapter):
     def _dropout(self, layer) -> float:
         return layer.attention.self.dropout.p if layer.training else 0.0
 
-    def context_states(self, model, context):
-        hidden, states = context.unsqueeze(0), []
-        for layer in model.encoder.layer:
-            q, k, v = self._qkv(layer, hidden)
-            states.append((k, v))
-            attended = F.scaled_dot_product_attention(q, k, v, dropout_p=self._dropout(layer))
-            hidden = self._finish(layer, attended, hidden)
-        return states
 
-    def encode_split(self, model, context, text, text_mask, cached, gates):
-        batch, text_mask = text.shape[0], text_mask.bool()
-        prefix = None if cached is not None else context.unsqueeze(0).expand(batch, -1, -1)
-        joint_mask = torch.cat([text_mask.new_ones(batch, context.shape[0]), text_mask], dim=1)[:, None, None, :]
-        hidden = text
-        for i, layer in enumerate(model.encoder.layer):
-            p = self._dropout(layer)
-            q, k, v = self._qkv(layer, hidden)
-            if cached is not None:
-                k_pre, v_pre = (t.expand(batch, -1, -1, -1) for t in cached[i])
-            else:
-                q_pre, k_pre, v_pre = self._qkv(layer, prefix)
-                attended = F.scaled_dot_product_attention(
-                    q_pre, torch.cat([k_pre, k], 2), torch.cat([v_pre, v], 2), attn_mask=joint_mask, dropout_p=p
-                )
-                prefix = self._finish(layer, attended, prefix)
-            gate = None if gates is None else gates[i]
-            hidden = self._finish(layer, _text_attention(q, k, v, k_pre, v_pre, text_mask, gate, p), hidden)
-        return hidden
+def _rotate(x: torch.Tensor, rope) -> torch.Tensor:
+    """Rotary embedding (rotate-half convention) of (B, H, S, hd) with cos/sin (1, S, hd); None: unchanged."""
+    if rope is None:
+        return x
+    cos, sin = (t.unsqueeze(1) for t in rope)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
 def _rotary(cos_sin: tuple[torch.Tensor, torch.Tensor], position_ids: torch.Tensor):
@@ -238,6 +286,28 @@ class NomicBertAdapter(BackboneAdapter):
         for layer in model.layers[: model.config.num_hidden_layers]:
             hidden = layer(hidden, attention_mask=mask, position_embeddings=cos_sin)
         return hidden
+
+    split_attention = True
+
+    def _layers(self, model):
+        return model.layers[: model.config.num_hidden_layers]
+
+    def _qkv(self, layer, hidden, rope):
+        attn = layer.self_attn
+        q, k, v = (_heads(proj(hidden), attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        return _rotate(q, rope), _rotate(k, rope), v
+
+    def _finish(self, layer, attended, hidden):
+        hidden = layer.post_attention_layernorm(
+            hidden + layer.post_attention_dropout(layer.self_attn.o_proj(_merge_heads(attended)))
+        )
+        return layer.post_mlp_layernorm(hidden + layer.post_mlp_dropout(layer.mlp(hidden)))
+
+    def _dropout(self, layer) -> float:
+        return layer.self_attn.attention_dropout if layer.training else 0.0
+
+    def _text_rope(self, model, layer, text):
+        return model.rotary_emb(text, torch.arange(text.shape[1], device=text.device).unsqueeze(0))
 
 
 class ModernBertAdapter(BackboneAdapter):
@@ -283,6 +353,34 @@ class ModernBertAdapter(BackboneAdapter):
                 attention_mask=masks[layer.attention_type],
                 position_embeddings=cos_sin[layer.attention_type],
             )
+        return model.final_norm(hidden)
+
+    split_attention = True
+
+    def _layers(self, model):
+        return model.layers
+
+    def _qkv(self, layer, hidden, rope):
+        attn = layer.attn
+        qkv = attn.Wqkv(layer.attn_norm(hidden)).view(*hidden.shape[:2], 3, -1, attn.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))
+        return _rotate(q, rope), _rotate(k, rope), v
+
+    def _finish(self, layer, attended, hidden):
+        hidden = hidden + layer.attn.out_drop(layer.attn.Wo(_merge_heads(attended)))
+        return hidden + layer.mlp(layer.mlp_norm(hidden))
+
+    def _dropout(self, layer) -> float:
+        return layer.attn.attention_dropout if layer.training else 0.0
+
+    def _text_rope(self, model, layer, text):
+        positions = torch.arange(text.shape[1], device=text.device).unsqueeze(0)
+        return model.rotary_emb(text, positions, layer.attention_type)
+
+    def _window(self, model, layer):
+        return model.config.sliding_window if layer.attention_type == "sliding_attention" else None
+
+    def _final(self, model, hidden):
         return model.final_norm(hidden)
 
 

@@ -342,7 +342,7 @@ class ContextualTransformer(InputModule):
             if not self.second_adapter.split_attention:
                 raise ValueError(
                     f"context_attention='cached' and context_gate are not implemented for "
-                    f"{self.second_stage.config.model_type!r} backbones yet (BERT family only)."
+                    f"{self.second_stage.config.model_type!r} backbones yet (BERT family, ModernBERT, NomicBERT)."
                 )
             if embed_joint_sequence or prefix_positions != "none":
                 raise ValueError(
