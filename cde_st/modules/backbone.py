@@ -154,7 +154,7 @@ class BackboneAdapter:
                 text_keys = keys_valid & ((offsets[:, None] - offsets[None, :]).abs() <= window)[None, None]
             q, k, v = self._qkv(layer, hidden, self._text_rope(model, layer, hidden))
             if cached is not None:
-                k_pre, v_pre = (t.expand(batch, -1, -1, -1) for t in cached[i])
+                k_pre, v_pre = cached[i]  # (1, H, P, hd), shared by the batch
             else:
                 q_pre, k_pre, v_pre = self._qkv(layer, prefix, None)
                 joint = torch.cat([prefix_valid, keys_valid], dim=-1)
@@ -185,6 +185,8 @@ def _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, dropout_p):
     Without a gate: one softmax over prefix and text keys. With a gate (H,): a text-only softmax plus tanh(gate)
     times a prefix-only softmax (zero-init attention adapters)."""
     if gate is None:
+        if k_pre.shape[0] != q.shape[0]:
+            k_pre, v_pre = (t.expand(q.shape[0], -1, -1, -1) for t in (k_pre, v_pre))
         keys, values = torch.cat([k_pre, k], dim=2), torch.cat([v_pre, v], dim=2)
         prefix_keys = text_keys.new_ones(*text_keys.shape[:3], k_pre.shape[2])
         mask = torch.cat([prefix_keys.expand(-1, -1, text_keys.shape[2], -1), text_keys], dim=-1)
@@ -192,7 +194,15 @@ def _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, dropout_p):
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=text_keys, dropout_p=dropout_p)
     if k_pre.shape[2] == 0:
         return out
-    read = F.scaled_dot_product_attention(q, k_pre, v_pre, dropout_p=dropout_p)
+    if k_pre.shape[0] == 1 and q.shape[0] > 1:
+        # One context for the whole batch (cached): fold the batch into the query axis instead of copying the
+        # context's keys/values B times.
+        batch, heads, length, head_dim = q.shape
+        folded = q.transpose(0, 1).reshape(1, heads, batch * length, head_dim)
+        read = F.scaled_dot_product_attention(folded, k_pre, v_pre, dropout_p=dropout_p)
+        read = read.view(heads, batch, length, head_dim).transpose(0, 1)
+    else:
+        read = F.scaled_dot_product_attention(q, k_pre, v_pre, dropout_p=dropout_p)
     return out + torch.tanh(gate).view(1, -1, 1, 1).to(out.dtype) * read
 
 
