@@ -3,7 +3,9 @@
 # partial and empty contexts (context_dropout), with cached or joint context attention, against the bi-encoder
 # (c) of docs/RESULTS.md (issue 6) on the same data, batches, loss and seeds (preset `mini`, no prefixes).
 # Usage: bash benchmarks/context_gate_comparison.sh VARIANT SEED [eval-only]
-#   VARIANT: dgc (gate + cached), dgj (gate + joint), c (bi-encoder baseline); SEED: 42 (the preset's) or 1, 2
+#   VARIANT: dgc (gate + cached, residual output head, added params at lr 5e-3), dgc2 (gate + cached, no output
+#   head, no first-stage MLP, added params at lr 2e-2), dgj (gate + joint), c (bi-encoder baseline);
+#   SEED: 42 (the preset's) or 1, 2
 # Scores SciFact test NDCG@10 at max_seq_length 256 with J = 64, 0 and 16 (the context-size sweep).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +14,7 @@ variant=$1; seed=$2; out=runs/mini-$variant-s$seed
 GATE=(context_dropout=0.5 added_params_lr=0.005)
 case $variant in
   dgc) settings=(model=contextual "model_config={context_gate: true, context_attention: cached}" "${GATE[@]}") ;;
+  dgc2) settings=(model=contextual) ;;  # the preset's own contextual recipe since issues 11-12
   dgj) settings=(model=contextual "model_config={context_gate: true, context_attention: joint}" "${GATE[@]}") ;;
   c) settings=(model=biencoder) ;;
   *) echo "unknown variant $variant" >&2; exit 2 ;;

@@ -11,6 +11,9 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 NOPROMPTS=("query_prompt=''" "document_prompt=''")
+# (d) as issue 6 measured it: joint attention, no gate, no context dropout (the preset's contextual recipe changed
+# in issues 11-12; see benchmarks/context_gate_comparison.sh)
+ISSUE6_D=("model_config={}" context_dropout=0.0 added_params_lr=null)
 
 if [[ $what == train || $what == all ]]; then
   python train/train_cde.py --preset mini --output-dir runs/mini-b-bi-random \
@@ -18,7 +21,7 @@ if [[ $what == train || $what == all ]]; then
   python train/train_cde.py --preset mini --output-dir runs/mini-c-bi-clustered-filtered \
     --set model=biencoder batching=clustered filter_false_negatives=true "${NOPROMPTS[@]}"
   python train/train_cde.py --preset mini --output-dir runs/mini-d-cde-clustered-filtered \
-    --set model=contextual batching=clustered filter_false_negatives=true "${NOPROMPTS[@]}"
+    --set model=contextual batching=clustered filter_false_negatives=true "${NOPROMPTS[@]}" "${ISSUE6_D[@]}"
 fi
 
 if [[ $what == eval || $what == all ]]; then
@@ -55,7 +58,7 @@ if [[ $what == diagnose ]]; then
     for spec in d:contextual c:biencoder; do
       name=${spec%%:*}; kind=${spec#*:}
       python train/train_cde.py --preset mini --output-dir runs/mini$tag-$name --set model=$kind batching=clustered \
-        filter_false_negatives=true "$setting" "${NOPROMPTS[@]}"
+        filter_false_negatives=true "$setting" "${NOPROMPTS[@]}" "${ISSUE6_D[@]}"
       python eval/run_mteb.py --model runs/mini$tag-$name/final --model-name cde-st/mini$tag-$name --tasks scifact \
         --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --output-dir runs/eval-mini$tag/$name --quiet
     done
