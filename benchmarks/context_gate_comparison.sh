@@ -3,8 +3,8 @@
 # partial and empty contexts (context_dropout), with cached or joint context attention, against the bi-encoder
 # (c) of docs/RESULTS.md (issue 6) on the same data, batches, loss and seeds (preset `mini`, no prefixes).
 # Usage: bash benchmarks/context_gate_comparison.sh VARIANT SEED [eval-only]
-#   VARIANT: dgc (gate + cached, residual output head, added params at lr 5e-3), dgc2 (gate + cached, no output
-#   head, no first-stage MLP, added params at lr 2e-2), dgj (gate + joint), c (bi-encoder baseline);
+#   VARIANT: dgc (gate + cached, residual output head, added params at lr 5e-3), dgc2 (the preset: gate + cached,
+#   no output head, no first-stage MLP, added params at lr 2e-2), dgj (dgc2 with joint attention), c (bi-encoder);
 #   SEED: 42 (the preset's) or 1, 2
 # Scores SciFact test NDCG@10 at max_seq_length 256 with J = 64, 0 and 16 (the context-size sweep).
 set -euo pipefail
@@ -15,7 +15,8 @@ GATE=(context_dropout=0.5 added_params_lr=0.005)
 case $variant in
   dgc) settings=(model=contextual "model_config={context_gate: true, context_attention: cached}" "${GATE[@]}") ;;
   dgc2) settings=(model=contextual) ;;  # the preset's own contextual recipe since issues 11-12
-  dgj) settings=(model=contextual "model_config={context_gate: true, context_attention: joint}" "${GATE[@]}") ;;
+  dgj) settings=(model=contextual  # dgc2 with joint attention (issue 12's quality comparison)
+        "model_config={context_gate: true, context_attention: joint, output_head: none, first_stage_head: none}") ;;
   c) settings=(model=biencoder) ;;
   *) echo "unknown variant $variant" >&2; exit 2 ;;
 esac
@@ -23,7 +24,7 @@ if [[ ${3:-} != eval-only ]]; then
   python train/train_cde.py --preset mini --output-dir "$out" --set seed="$seed" "${settings[@]}" \
     "query_prompt=''" "document_prompt=''"
 fi
-sizes=(64 0 16); [[ $variant == c ]] && sizes=(64)
+sizes=(64 0 16); [[ $variant == c || $variant == dgj ]] && sizes=(64)
 python eval/run_mteb.py --model "$out/final" --model-name "cde-st/mini-$variant-s$seed" --tasks scifact \
   --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --context-size "${sizes[@]}" \
   --output-dir "runs/eval-gate/$variant-s$seed" --quiet
