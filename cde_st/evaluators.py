@@ -30,7 +30,7 @@ from sentence_transformers.sentence_transformer.evaluation import (
 )
 
 from cde_st.context import ContextInfo, sample_context
-from cde_st.model import contextual_module, is_contextual
+from cde_st.model import context_prompt, contextual_module, is_contextual
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +56,8 @@ def corpus_context(
     size = slots if context_size is None else context_size
     if not 0 <= size <= slots:
         raise ValueError(f"context_size={size} must be between 0 and the model's {slots} context slots.")
-    prompt = (getattr(model, "prompts", None) or {}).get("document")
-    prompt = module.document_prompt if prompt is None else prompt
-    previous = (module.context_vectors, module.context_info)
+    prompt = context_prompt(model)
+    previous = module.context_snapshot()
     was_training = module.training
     try:
         if size == slots:  # J documents: set_context samples the same ones back and records them
@@ -70,8 +69,7 @@ def corpus_context(
             info.seed, info.prompt, info.corpus_size = seed, prompt, len(corpus)
         yield info
     finally:
-        module.set_context(previous[0]) if previous[0] is not None else module.clear_context()
-        module.context_info = previous[1]
+        module.restore_context(previous)
         module.train(was_training)
 
 

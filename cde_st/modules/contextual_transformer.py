@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from sentence_transformers.base.modules import InputModule
 from sentence_transformers.util import load_file_path
 from torch import nn
@@ -534,10 +534,14 @@ class ContextualTransformer(InputModule):
         show_progress_bar: bool | None = None,
     ) -> tuple[torch.Tensor, ContextInfo]:
         """Sample J documents of ``corpus`` (seeded), prefix them, and embed them with the first stage."""
+        vectors, info, _ = self._embed_corpus(corpus, seed, prompt, batch_size, show_progress_bar)
+        return vectors, info
+
+    def _embed_corpus(self, corpus, seed, prompt, batch_size, show_progress_bar):
+        """:meth:`embed_context`, plus the sampled (prompted) documents, which set_context keeps."""
         corpus = validate_texts(corpus)
         prompt = self.document_prompt if prompt is None else prompt
         sampled = [prompt + t for t in sample_context(corpus, self.context_size, seed)]
-        self._last_sampled = sampled  # set_context keeps them, to recompute the vectors if the first stage changes
         vectors = self.embed_context_texts(sampled, batch_size=batch_size, show_progress_bar=show_progress_bar)
         info = ContextInfo(
             size=len(sampled),
@@ -547,7 +551,7 @@ class ContextualTransformer(InputModule):
             prompt=prompt,
             corpus_size=len(corpus),
         )
-        return vectors, info
+        return vectors, info, sampled
 
     def set_context(
         self,
@@ -566,17 +570,27 @@ class ContextualTransformer(InputModule):
             )
             texts = None
         else:
-            vectors, info = self.embed_context(
-                context, seed=seed, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar
-            )
-            texts = self._last_sampled
-        self.context_vectors = vectors.detach().to(self.device)
+            vectors, info, texts = self._embed_corpus(context, seed, prompt, batch_size, show_progress_bar)
+        self._activate_context(vectors, info, texts)
+        return info
+
+    def _activate_context(self, vectors: torch.Tensor | None, info: ContextInfo | None, texts: list[str] | None):
+        """The one place the active context changes (None: no context). ``texts``: the prompted documents the
+        vectors were embedded from, kept to re-embed them if the first stage changes."""
         self._drop_context_cache()
+        self.context_vectors = None if vectors is None else vectors.detach().to(self.device)
         self.context_info = info
         self._context_texts = texts
-        self._context_stage_version = self._first_stage_version()
+        self._context_stage_version = None if vectors is None else self._first_stage_version()
         self._warned_stale_context = False
-        return info
+
+    def context_snapshot(self) -> tuple:
+        """The active context as an opaque value for :meth:`restore_context` (to set a context temporarily)."""
+        return self.context_vectors, self.context_info, self._context_texts
+
+    def restore_context(self, snapshot: tuple) -> None:
+        """Make a :meth:`context_snapshot` the active context again."""
+        self._activate_context(*snapshot)
 
     # ------------------------------------------------------------------ keeping the context fresh
     def _first_stage_version(self) -> int:
@@ -591,7 +605,7 @@ class ContextualTransformer(InputModule):
         vectors given directly cannot be recomputed, and a warning says so once. Called before every encode that
         uses the active context and by :meth:`save`, so a stale context is never used or written. Returns whether
         the context was recomputed."""
-        if self.context_vectors is None or getattr(self, "_context_stage_version", None) is None:
+        if self.context_vectors is None or self._context_stage_version is None:
             return False
         if self._first_stage_version() == self._context_stage_version:
             return False
@@ -609,19 +623,12 @@ class ContextualTransformer(InputModule):
             "The first stage changed since set_context: re-embedding the %d context documents.",
             len(self._context_texts),
         )
-        vectors = self.embed_context_texts(self._context_texts)
-        self.context_vectors = vectors.detach().to(self.device)
-        self._drop_context_cache()
-        self._context_stage_version = self._first_stage_version()
+        self._activate_context(self.embed_context_texts(self._context_texts), self.context_info, self._context_texts)
         return True
 
     def clear_context(self) -> None:
         """Forget the active context: encoding falls back to the null context (with a warning)."""
-        self._drop_context_cache()
-        self._context_texts = None
-        self._context_stage_version = None
-        self.context_vectors = None
-        self.context_info = None
+        self._activate_context(None, None, None)
         self._warned_null_context = False
 
     def validate_context_vectors(self, vectors: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -927,7 +934,9 @@ class ContextualTransformer(InputModule):
                 f"{os.path.basename(config_path)} to load the model without a context."
             )
         try:
-            tensors = load_file(context_path)
+            with safe_open(context_path, framework="pt") as f:
+                tensors = {key: f.get_tensor(key) for key in f.keys()}
+                texts = (f.metadata() or {}).get("texts")  # the sampled documents, when set from texts
         except SafetensorError as exc:
             raise _corrupt_file_error(context_path, exc) from None
         if "vectors" not in tensors:
@@ -941,13 +950,7 @@ class ContextualTransformer(InputModule):
                 f"{context_path} holds {len(vectors)} context vectors, but {config_path} records "
                 f"context_info.size={info.size}: the two files do not belong together."
             )
-        self.context_vectors = vectors
-        self.context_info = info
-        with safe_open(context_path, framework="pt") as f:
-            texts = (f.metadata() or {}).get("texts")
-        self._context_texts = json.loads(texts) if texts else None
-        self._context_stage_version = self._first_stage_version()
-        self._warned_stale_context = False
+        self._activate_context(vectors, info, json.loads(texts) if texts else None)
 
 
 def _own_storage(model: nn.Module) -> None:
