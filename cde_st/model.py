@@ -212,8 +212,7 @@ class ContextualSentenceTransformer(SentenceTransformer):
             if module.context_vectors is not None:
                 kwargs["dataset_embeddings"] = module.context_vectors.detach().cpu()
             else:
-                if module.context_size > 0:
-                    module._context_slots(None, torch.float32)  # the usual one-time null-context warning
+                module.warn_null_context(stacklevel=3)
                 kwargs["dataset_embeddings"] = torch.zeros(0, module.hidden_size)
         return super()._multi_process(inputs, *args, **kwargs)
 

@@ -651,6 +651,17 @@ class ContextualTransformer(InputModule):
             raise ValueError("Context vectors contain NaN or infinite values.")
         return vectors.float()  # differentiable: vectors that require grad (training) keep their gradient path
 
+    def warn_null_context(self, stacklevel: int = 2) -> None:
+        """Warn (once until a context is set) that encoding uses the null context."""
+        if self.context_size > 0 and not self._warned_null_context:
+            warnings.warn(
+                "No context is set: encoding with the null context (the model then acts as a plain bi-encoder). "
+                "Call model.set_context(corpus_texts) first, or pass dataset_embeddings=.",
+                UserWarning,
+                stacklevel=stacklevel,
+            )
+            self._warned_null_context = True
+
     def _context_slots(self, dataset_embeddings: torch.Tensor | np.ndarray | None, dtype) -> torch.Tensor:
         """The (J, d2) context the second stage sees: given/active vectors, null-padded, with sequence dropout."""
         if dataset_embeddings is not None:
@@ -661,14 +672,8 @@ class ContextualTransformer(InputModule):
                 self.refresh_context()
             vectors = self.context_vectors.to(dtype)
         else:
-            if self.context_size > 0 and not self._warned_null_context and not self.training:
-                warnings.warn(
-                    "No context is set: encoding with the null context (the model then acts as a plain bi-encoder). "
-                    "Call model.set_context(corpus_texts) first, or pass dataset_embeddings=.",
-                    UserWarning,
-                    stacklevel=4,
-                )
-                self._warned_null_context = True
+            if not self.training:
+                self.warn_null_context(stacklevel=5)
             vectors = self.null_vector.new_zeros(0, self.hidden_size).to(dtype)
         n_missing = self.context_size - vectors.shape[0]
         if n_missing > 0 and self.context_padding == "tile" and len(vectors):
