@@ -1,4 +1,4 @@
-"""Contextual batching benchmark: clustering wall time and batch hardness (cde_st.sampler).
+"""Contextual batching benchmark: clustering wall time and batch hardness (cde_st.batching).
 
 Measures, with the same functions ClusteredBatchSampler runs:
   1. the 30,995 real pairs of ../shared/data/pairs: surrogate embedding time (all-MiniLM-L6-v2) and k-means time;
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cde_st.sampler import cluster_pairs, embed_pairs, in_batch_negative_similarity, pack_clusters
+from cde_st.batching import cluster_pairs, embed_pairs, in_batch_negative_similarity, pack_clusters
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PAIRS = REPO / ".." / "shared" / "data" / "pairs"
@@ -105,7 +105,7 @@ def main() -> None:
         f"({faiss.omp_get_max_threads()} OpenMP threads, {faiss.get_num_gpus()} GPUs)"
     )
     lines = [
-        "# Contextual batching benchmark (cde_st.sampler)",
+        "# Contextual batching benchmark (cde_st.batching)",
         "",
         f"Command (repository root): `{command}`",
         "",

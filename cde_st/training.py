@@ -669,7 +669,7 @@ def build_batch_sampler(cfg: TrainConfig, pairs):
         return BatchSamplers.NO_DUPLICATES
     if cfg.batching != "clustered":
         raise ValueError(f"batching must be 'clustered' or 'random', got {cfg.batching!r}.")
-    from cde_st.sampler import ClusteredBatchSampler
+    from cde_st.batching import ClusteredBatchSampler
 
     return partial(
         ClusteredBatchSampler,

@@ -1,0 +1,104 @@
+"""On-disk cache of pair clusterings: the cache folder, fingerprints of the inputs, save and load."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from cde_st.batching.clustering import PairClustering
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+logger = logging.getLogger(__name__)
+
+# Bump when the clustering algorithm changes in a way that invalidates cached results.
+_CACHE_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    """``$CDE_ST_CACHE/clusters`` if set, else ``~/.cache/cde_st/clusters``."""
+    root = os.environ.get("CDE_ST_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "cde_st")
+    return Path(root) / "clusters"
+
+
+def _hash_texts(hasher: Any, texts: Sequence[Any]) -> None:
+    for text in texts:
+        hasher.update(b"\x00")
+        hasher.update(str(text).encode("utf-8", "surrogatepass"))
+
+
+def _hash_array(hasher: Any, array: np.ndarray) -> None:
+    array = np.ascontiguousarray(array)
+    hasher.update(f"{array.dtype.str}{array.shape}".encode())
+    hasher.update(memoryview(array).cast("B"))
+
+
+def _model_fingerprint(model: SentenceTransformer | str) -> str:
+    """Identify a surrogate: a path/hub id with its weight files' sizes and mtimes, or a model's parameters."""
+    hasher = hashlib.sha256()
+    if isinstance(model, (str, os.PathLike)):
+        hasher.update(f"path:{os.fspath(model)}".encode())
+        folder = Path(model)
+        if folder.is_dir():
+            for file in sorted(folder.rglob("*")):
+                if file.is_file():
+                    stat = file.stat()
+                    hasher.update(f"{file.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        return hasher.hexdigest()
+    hasher.update(f"instance:{type(model).__qualname__}:{getattr(model, 'max_seq_length', None)}".encode())
+    for name, tensor in model.state_dict().items():
+        hasher.update(name.encode())
+        data = tensor.detach().to("cpu").contiguous().reshape(-1)
+        hasher.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return hasher.hexdigest()
+
+
+def _save_clustering(path: Path, clustering: PairClustering, meta: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp.npz")
+    os.close(fd)
+    try:
+        np.savez(
+            tmp,
+            labels=clustering.labels,
+            centroids=clustering.centroids,
+            cluster_domains=clustering.cluster_domains,
+            domain_names=np.array(json.dumps([str(n) if n is not None else None for n in clustering.domain_names])),
+            meta=np.array(json.dumps(meta)),
+        )
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the complete new one
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _load_clustering(path: Path, num_rows: int, domain_names: list[Hashable]) -> PairClustering | None:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            clustering = PairClustering(
+                labels=data["labels"].astype(np.int64),
+                centroids=data["centroids"].astype(np.float32),
+                cluster_domains=data["cluster_domains"].astype(np.int64),
+                domain_names=domain_names,  # the key covers them; keep the caller's (non-string) values
+            )
+    except (OSError, KeyError, ValueError) as exc:
+        logger.warning("Ignoring unreadable clustering cache %s (%s)", path, exc)
+        return None
+    k = clustering.num_clusters
+    if len(clustering.labels) != num_rows or len(clustering.cluster_domains) != k or clustering.labels.max() >= k:
+        logger.warning("Ignoring clustering cache %s: it does not match the dataset", path)
+        return None
+    return clustering
+
+
+__all__ = ["default_cache_dir"]

@@ -1,0 +1,540 @@
+"""``ClusteredBatchSampler``: contextual (clustered) batches for ``SentenceTransformerTrainer``."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+import warnings
+from collections.abc import Hashable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from sentence_transformers.base.data_collator import DEFAULT_LABEL_COLUMNS
+from sentence_transformers.base.sampler import DefaultBatchSampler
+
+from cde_st.batching.cache import (
+    _CACHE_VERSION,
+    _hash_array,
+    _hash_texts,
+    _load_clustering,
+    _model_fingerprint,
+    _save_clustering,
+    default_cache_dir,
+)
+from cde_st.batching.clustering import PairClustering, _encode_domains, cluster_pairs
+from cde_st.batching.packing import ClusterOrder, pack_clusters
+from cde_st.batching.surrogate import embed_pairs
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer
+
+logger = logging.getLogger(__name__)
+
+# Added by the trainer to multi-dataset inputs; never a text column.
+_RESERVED_COLUMNS = ("dataset_name", "return_loss")
+
+
+def _dist_world() -> tuple[int, int]:
+    """(world size, rank) of an initialised torch.distributed process group, else (1, 0)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
+class ClusteredBatchSampler(DefaultBatchSampler):
+    """Contextual batching (Morris & Rush, 2025, "Contextual Document Embeddings", section 3.1).
+
+    Builds hard batches for contrastive losses with in-batch negatives (``MultipleNegativesRankingLoss``,
+    ``CachedMultipleNegativesRankingLoss``, GIST, CDE's filtered InfoNCE): the (query, document) pairs are
+    embedded by a surrogate model, clustered with faiss spherical k-means on their [q;d] / [d;q] points
+    (k = pairs / ``cluster_size``) within each domain, and the clusters are packed into batches of exactly
+    ``batch_size`` rows (big clusters split, small neighbouring ones merged, along a greedy nearest-centroid
+    tour). Batch composition is fixed by ``seed``; the order of the batches is reshuffled every epoch from
+    ``seed + epoch``. Every row appears exactly once per epoch; with ``drop_last=True`` the last, smaller batch
+    of each domain is left out.
+
+    Expected columns: the query and the positive document as text columns (by default the first two string
+    columns, skipping label columns such as ``label``/``score``); further columns (e.g. hard negatives) are
+    passed through untouched. Labels are not needed.
+
+    Domains: pairs are only batched with pairs of the same domain. Give the domain of every row as
+    ``domains=[...]`` or as ``domain_dataset=ds`` (a dataset with a ``domain_column``, row-aligned with the
+    training dataset). Do **not** leave a domain column in the training dataset itself: the trainer's collator
+    feeds every non-label column to the model as text. For a ``DatasetDict``, the trainer builds one sampler per
+    split, so each split is a domain of its own (and ``multi_dataset_batch_sampler`` interleaves their
+    batches); no option is needed.
+
+    Distributed training: under ``SentenceTransformerTrainer``, accelerate hands batch ``i`` of this sampler
+    to rank ``i % world_size``, so the sampler yields the *global* sequence of batches on every rank (the
+    clustering is computed on rank 0 and broadcast, so all ranks agree) and every rank trains on its own,
+    whole clustered batches. To keep the ranks in step, with more than one process the sampler yields only
+    full batches, a multiple of ``world_size`` of them: with ``drop_last=True`` surplus batches are left out;
+    otherwise each domain's short batch is topped up with other rows of its domain and the batch count is
+    padded by repeating batches, as ``torch.utils.data.DistributedSampler`` does. Outside the trainer (a plain
+    ``DataLoader`` per process), pass ``rank=`` to make the sampler keep only its own batches.
+
+    Options passed with ``functools.partial`` live in ``args.batch_sampler``, which the trainer pickles into
+    every checkpoint's ``training_args.bin``: prefer a model path (the default) to a model instance, and a plain
+    ``domains`` list to a large in-memory ``domain_dataset``; precomputed ``embeddings`` are stored there too.
+
+    Caching: the clustering is stored under ``cache_dir`` (default ``~/.cache/cde_st/clusters``, or
+    ``$CDE_ST_CACHE/clusters``), keyed by a hash of the texts, domains, surrogate and clustering parameters,
+    so a restarted run does not embed or cluster again.
+
+    Args:
+        dataset: the training dataset (``datasets.Dataset``).
+        batch_size: rows per batch.
+        drop_last: leave out the short batch of each domain.
+        valid_label_columns: label columns, never used as text (the trainer passes the collator's).
+        generator: accepted for API compatibility; the order is drawn from ``seed + epoch`` instead, so every
+            rank draws the same order whatever else consumed the generator.
+        seed: seeds the clustering, the packing and (with the epoch) the batch order.
+        cluster_size: target pairs per cluster; ``None`` uses ``batch_size`` (the paper's setting), clamped to
+            the dataset size.
+        model: the surrogate: a ``SentenceTransformer`` or a path / hub id; ``None`` is the offline
+            all-MiniLM-L6-v2 (``cde_st._defaults``). Loaded only when the clustering is not cached.
+        embeddings: precomputed ``(query_embeddings, document_embeddings)``, each (N, D), instead of a model.
+        query_column, document_column: the text columns; by default the first two string columns.
+        domains: the domain of every row (a sequence of hashables).
+        domain_dataset: a dataset, row-aligned with ``dataset``, whose ``domain_column`` holds the domains.
+        domain_column: the domain column of ``domain_dataset`` (or of ``dataset`` itself, with a warning).
+        order: ``"greedy"`` nearest-centroid cluster tour (paper) or ``"random"`` cluster order.
+        niter: k-means iterations.
+        max_points_per_centroid: k-means training subsample per centroid.
+        encode_batch_size: surrogate encoding batch size.
+        max_seq_length: truncate texts for the surrogate (faster; ``None`` keeps the model's).
+        device: device to load a surrogate given by path on.
+        use_gpu: faiss on GPU; ``None`` uses one when available.
+        cache: read and write the on-disk clustering cache.
+        cache_dir: where to keep it.
+        num_replicas: number of processes; ``None`` reads the torch.distributed world size.
+        rank: yield only this rank's batches (batch ``i`` belongs to rank ``i % num_replicas``); leave ``None``
+            under the trainer, where accelerate does this.
+        show_progress_bar: progress bars for embedding and clustering.
+
+    Example:
+        ::
+
+            from functools import partial
+
+            from datasets import Dataset
+            from sentence_transformers import (
+                SentenceTransformer,
+                SentenceTransformerTrainer,
+                SentenceTransformerTrainingArguments,
+            )
+            from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+            from cde_st._defaults import default_surrogate_model_path
+            from cde_st.batching import ClusteredBatchSampler
+
+            model = SentenceTransformer(default_surrogate_model_path())
+            data = Dataset.from_dict({
+                "query": [f"question {i} about topic {i % 7}" for i in range(256)],
+                "document": [f"an answer about topic {i % 7}, number {i}" for i in range(256)],
+                "domain": ["forum" if i % 2 else "faq" for i in range(256)],
+            })
+            train_dataset = data.remove_columns("domain")  # the collator would feed it to the model
+            args = SentenceTransformerTrainingArguments(
+                output_dir="checkpoints",
+                num_train_epochs=1,
+                per_device_train_batch_size=32,
+                # or domain_dataset=data: the same domains, read from its "domain" column
+                batch_sampler=partial(ClusteredBatchSampler, cluster_size=32, domains=list(data["domain"])),
+            )
+            trainer = SentenceTransformerTrainer(
+                model=model,
+                args=args,
+                train_dataset=train_dataset,
+                loss=MultipleNegativesRankingLoss(model),
+            )
+            trainer.train()
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        drop_last: bool,
+        valid_label_columns: list[str] | None = None,
+        generator: torch.Generator | None = None,
+        seed: int = 0,
+        *,
+        cluster_size: int | None = None,
+        model: SentenceTransformer | str | os.PathLike | None = None,
+        embeddings: tuple[np.ndarray, np.ndarray] | None = None,
+        query_column: str | None = None,
+        document_column: str | None = None,
+        domains: Sequence[Hashable] | None = None,
+        domain_dataset: Dataset | None = None,
+        domain_column: str = "domain",
+        order: ClusterOrder = "greedy",
+        niter: int = 20,
+        max_points_per_centroid: int = 256,
+        encode_batch_size: int = 64,
+        max_seq_length: int | None = None,
+        device: str | None = None,
+        use_gpu: bool | None = None,
+        cache: bool = True,
+        cache_dir: str | os.PathLike | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        show_progress_bar: bool = True,
+    ) -> None:
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+        super().__init__(
+            dataset,
+            batch_size=int(batch_size),
+            drop_last=drop_last,
+            valid_label_columns=valid_label_columns,
+            generator=generator,
+            seed=seed,
+        )
+        self.dataset = dataset
+        self.seed = 0 if seed is None else int(seed)
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}.")
+        if order not in ("greedy", "random"):
+            raise ValueError(f"order must be 'greedy' or 'random', got {order!r}.")
+        self.order = order
+
+        num_rows = len(dataset)
+        if num_rows == 0:
+            raise ValueError("ClusteredBatchSampler got an empty dataset: there are no pairs to cluster.")
+        if cluster_size is None:
+            cluster_size = min(self.batch_size, num_rows)
+        elif not isinstance(cluster_size, (int, np.integer)) or isinstance(cluster_size, bool):
+            raise ValueError(f"cluster_size must be an integer, got {cluster_size!r}.")
+        if cluster_size < 1 or cluster_size > num_rows:
+            raise ValueError(
+                f"cluster_size must be between 1 and the number of rows in the dataset ({num_rows}), "
+                f"got {cluster_size}."
+            )
+        self.cluster_size = int(cluster_size)
+
+        world_size, _ = _dist_world()
+        self.num_replicas = world_size if num_replicas is None else int(num_replicas)
+        if self.num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}.")
+        if rank is not None and not 0 <= rank < self.num_replicas:
+            raise ValueError(f"rank must be in [0, {self.num_replicas}), got {rank}.")
+        self.rank = rank
+
+        label_columns = list(valid_label_columns or DEFAULT_LABEL_COLUMNS)
+        domain_values = self._resolve_domains(dataset, domains, domain_dataset, domain_column, num_rows)
+        if embeddings is not None and model is not None:
+            raise ValueError("Give either a surrogate `model` or precomputed `embeddings`, not both.")
+        if embeddings is not None:
+            q_emb, d_emb = (np.asarray(e) for e in embeddings)
+            if q_emb.ndim != 2 or q_emb.shape != d_emb.shape or len(q_emb) != num_rows:
+                raise ValueError(
+                    f"embeddings must be two arrays of shape ({num_rows}, dim), one row per dataset row; "
+                    f"got {q_emb.shape} and {d_emb.shape}."
+                )
+            self.query_column = self.document_column = None
+            if query_column is not None or document_column is not None:
+                self._text_columns(dataset, query_column, document_column, label_columns, domain_column)
+        else:
+            q_emb = d_emb = None
+            self.query_column, self.document_column = self._text_columns(
+                dataset, query_column, document_column, label_columns, domain_column
+            )
+
+        settings = dict(
+            cluster_size=self.cluster_size,
+            seed=self.seed,
+            niter=int(niter),
+            max_points_per_centroid=int(max_points_per_centroid),
+            use_gpu=use_gpu,
+            show_progress_bar=show_progress_bar,
+        )
+        self.cache_path: Path | None = None  # set by whichever process computes or loads the clustering
+        self.timings = {"embed_s": 0.0, "cluster_s": 0.0}
+        self.clustering = self._get_clustering(
+            dataset,
+            q_emb,
+            d_emb,
+            domain_values,
+            model=model,
+            device=device,
+            encode_batch_size=encode_batch_size,
+            max_seq_length=max_seq_length,
+            cache=cache,
+            cache_dir=Path(cache_dir) if cache_dir is not None else default_cache_dir(),
+            settings=settings,
+        )
+        self.batches = pack_clusters(
+            self.clustering.labels,
+            self.clustering.centroids,
+            self.batch_size,
+            cluster_domains=self.clustering.cluster_domains,
+            order=self.order,
+            seed=self.seed,
+        )
+        self._warned_padding = False
+
+    # ---- construction helpers ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _resolve_domains(
+        dataset: Dataset,
+        domains: Sequence[Hashable] | None,
+        domain_dataset: Dataset | None,
+        domain_column: str,
+        num_rows: int,
+    ) -> list[Hashable] | None:
+        if domains is not None and domain_dataset is not None:
+            raise ValueError("Give the domains either as `domains=` or through `domain_dataset=`, not both.")
+        if domain_dataset is not None:
+            if domain_column not in domain_dataset.column_names:
+                raise ValueError(
+                    f"domain_dataset has no column {domain_column!r} (columns: {domain_dataset.column_names}); "
+                    "set domain_column= to the column holding the domains."
+                )
+            if len(domain_dataset) != num_rows:
+                raise ValueError(
+                    f"domain_dataset has {len(domain_dataset)} rows but the dataset to sample has {num_rows}; "
+                    "they must be row-aligned (pass the dataset before removing its domain column)."
+                )
+            return list(domain_dataset[domain_column])
+        if domains is not None:
+            domains = list(domains)
+            if len(domains) != num_rows:
+                raise ValueError(f"Got {len(domains)} domains for a dataset of {num_rows} rows; give one per row.")
+            return domains
+        if domain_column in getattr(dataset, "column_names", []):
+            warnings.warn(
+                f"ClusteredBatchSampler reads domains from the dataset's {domain_column!r} column, but "
+                "SentenceTransformerTrainer's collator would also feed that column to the model as text. "
+                f"Remove it from the training dataset and pass `domain_dataset=` or `domains=` instead.",
+                stacklevel=3,
+            )
+            return list(dataset[domain_column])
+        return None
+
+    @staticmethod
+    def _text_columns(
+        dataset: Dataset,
+        query_column: str | None,
+        document_column: str | None,
+        label_columns: list[str],
+        domain_column: str,
+    ) -> tuple[str, str]:
+        columns = list(getattr(dataset, "column_names", None) or [])
+        for name, column in (("query_column", query_column), ("document_column", document_column)):
+            if column is not None and column not in columns:
+                raise ValueError(f"{name}={column!r} is not a column of the dataset (columns: {columns}).")
+        features = getattr(dataset, "features", None) or {}
+        skip = set(label_columns) | set(_RESERVED_COLUMNS) | {domain_column}
+        text_columns = [
+            c
+            for c in columns
+            if c not in skip and getattr(features.get(c), "dtype", None) in ("string", "large_string")
+        ]
+        if query_column is None:
+            candidates = [c for c in text_columns if c != document_column]
+            if not candidates:
+                raise ValueError(f"Could not find a text column for the queries in the dataset (columns: {columns}).")
+            query_column = candidates[0]
+        if document_column is None:
+            candidates = [c for c in text_columns if c != query_column]
+            if not candidates:
+                raise ValueError(
+                    f"Could not find a second text column for the documents in the dataset (columns: {columns}); "
+                    "the sampler needs (query, document) pairs."
+                )
+            document_column = candidates[0]
+        if query_column == document_column:
+            raise ValueError(f"query_column and document_column are both {query_column!r}.")
+        return query_column, document_column
+
+    def _get_clustering(
+        self,
+        dataset: Dataset,
+        q_emb: np.ndarray | None,
+        d_emb: np.ndarray | None,
+        domain_values: list[Hashable] | None,
+        *,
+        model: SentenceTransformer | str | os.PathLike | None,
+        device: str | None,
+        encode_batch_size: int,
+        max_seq_length: int | None,
+        cache: bool,
+        cache_dir: Path,
+        settings: dict[str, Any],
+    ) -> PairClustering:
+        num_rows = len(dataset)
+        world_size, rank = _dist_world()
+        if world_size > 1:
+            # One process clusters and the others receive the result, so that every rank packs the same batches
+            # (independent k-means runs may differ in the last bits and so in a few assignments).
+            payload: list[Any] = [None]
+            if rank == 0:
+                payload[0] = self._compute_or_load(
+                    dataset, q_emb, d_emb, domain_values, model, device, encode_batch_size, max_seq_length,
+                    cache, cache_dir, settings,
+                )  # fmt: skip
+            torch.distributed.broadcast_object_list(payload, src=0)
+            clustering = payload[0]
+        else:
+            clustering = self._compute_or_load(
+                dataset, q_emb, d_emb, domain_values, model, device, encode_batch_size, max_seq_length,
+                cache, cache_dir, settings,
+            )  # fmt: skip
+        if len(clustering.labels) != num_rows:  # pragma: no cover - defensive
+            raise RuntimeError("The clustering does not cover the dataset.")
+        return clustering
+
+    def _compute_or_load(
+        self,
+        dataset: Dataset,
+        q_emb: np.ndarray | None,
+        d_emb: np.ndarray | None,
+        domain_values: list[Hashable] | None,
+        model: SentenceTransformer | str | os.PathLike | None,
+        device: str | None,
+        encode_batch_size: int,
+        max_seq_length: int | None,
+        cache: bool,
+        cache_dir: Path,
+        settings: dict[str, Any],
+    ) -> PairClustering:
+        num_rows = len(dataset)
+        codes, names = _encode_domains(domain_values, num_rows)
+
+        queries = documents = None
+        hasher = hashlib.sha256()
+        hasher.update(f"v{_CACHE_VERSION}:{num_rows}".encode())
+        for key in ("cluster_size", "seed", "niter", "max_points_per_centroid"):
+            hasher.update(f"|{key}={settings[key]}".encode())
+        _hash_array(hasher, codes)
+        _hash_texts(hasher, [repr(name) for name in names])
+        if q_emb is not None:
+            hasher.update(b"|precomputed")
+            _hash_array(hasher, np.asarray(q_emb, dtype=np.float32))
+            _hash_array(hasher, np.asarray(d_emb, dtype=np.float32))
+        else:
+            if model is None:
+                from cde_st._defaults import default_surrogate_model_path
+
+                model = default_surrogate_model_path()
+            queries = ["" if t is None else t for t in dataset[self.query_column]]
+            documents = ["" if t is None else t for t in dataset[self.document_column]]
+            hasher.update(f"|model={_model_fingerprint(model)}|max_seq_length={max_seq_length}".encode())
+            _hash_texts(hasher, queries)
+            hasher.update(b"|documents")
+            _hash_texts(hasher, documents)
+        key = hasher.hexdigest()[:32]
+        self.cache_path = cache_dir / f"clusters-{key}.npz" if cache else None
+
+        if self.cache_path is not None and self.cache_path.exists():
+            clustering = _load_clustering(self.cache_path, num_rows, names)
+            if clustering is not None:
+                logger.info("Loaded the pair clustering from %s", self.cache_path)
+                self.timings = {"embed_s": 0.0, "cluster_s": 0.0}
+                return clustering
+
+        start = time.perf_counter()
+        if q_emb is None:
+            surrogate = model
+            if isinstance(model, (str, os.PathLike)):
+                from sentence_transformers import SentenceTransformer
+
+                surrogate = SentenceTransformer(os.fspath(model), device=device)
+                surrogate.eval()
+            q_emb, d_emb = embed_pairs(
+                surrogate,
+                queries,
+                documents,
+                batch_size=encode_batch_size,
+                max_seq_length=max_seq_length,
+                show_progress_bar=settings["show_progress_bar"],
+            )
+        embedded = time.perf_counter()
+        clustering = cluster_pairs(q_emb, d_emb, domains=domain_values, **settings)
+        self.timings = {"embed_s": embedded - start, "cluster_s": time.perf_counter() - embedded}
+        logger.info(
+            "Clustered %d pairs into %d clusters (embedding %.1fs, k-means %.1fs)",
+            num_rows,
+            clustering.num_clusters,
+            self.timings["embed_s"],
+            self.timings["cluster_s"],
+        )
+        if self.cache_path is not None:
+            meta = {k: v for k, v in settings.items() if k != "show_progress_bar"}
+            meta.update(rows=num_rows, query_column=self.query_column, document_column=self.document_column)
+            try:
+                _save_clustering(self.cache_path, clustering, meta)
+            except OSError as exc:
+                logger.warning("Could not write the clustering cache %s (%s)", self.cache_path, exc)
+        return clustering
+
+    # ---- iteration -----------------------------------------------------------------------------------------
+
+    def epoch_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """The global batch order of an epoch (all ranks), before any ``rank=`` selection."""
+        epoch = self.epoch if epoch is None else epoch
+        rng = np.random.default_rng(self.seed + epoch)
+        full = [b for b in self.batches if len(b) == self.batch_size]
+        short = [b for b in self.batches if len(b) < self.batch_size]
+        # Short batches go last: accelerate's BatchSamplerShard assumes only the final batch may be short.
+        ordered = [full[i] for i in rng.permutation(len(full))]
+        if self.num_replicas == 1:
+            if not self.drop_last:
+                ordered += [short[i] for i in rng.permutation(len(short))]
+            return [b.tolist() for b in ordered]
+
+        # Several processes: only full batches, a multiple of num_replicas of them, so no rank waits for another.
+        if not self.drop_last:
+            ordered += [self._top_up(short[i], rng) for i in rng.permutation(len(short))]
+        surplus = len(ordered) % self.num_replicas
+        if surplus and self.drop_last:
+            ordered = ordered[: len(ordered) - surplus]
+        elif surplus:
+            missing = self.num_replicas - surplus
+            ordered += [ordered[i % len(ordered)] for i in range(missing)]
+        if not self.drop_last and not self._warned_padding and (short or surplus):
+            self._warned_padding = True
+            logger.warning(
+                "ClusteredBatchSampler: to give %d processes equal numbers of full batches, some rows are repeated "
+                "within an epoch (as torch's DistributedSampler does). Set drop_last=True to drop them instead.",
+                self.num_replicas,
+            )
+        return [b.tolist() for b in ordered]
+
+    def _top_up(self, batch: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Fill a short batch with other rows of its own domain (repeating rows only if the domain is too small)."""
+        domain = self.clustering.cluster_domains[self.clustering.labels[batch[0]]]
+        same_domain = np.flatnonzero(self.clustering.cluster_domains[self.clustering.labels] == domain)
+        others = np.setdiff1d(same_domain, batch, assume_unique=True)
+        need = self.batch_size - len(batch)
+        if len(others) >= need:
+            extra = rng.choice(others, need, replace=False)
+        else:
+            extra = rng.choice(same_domain, need, replace=True)
+        return np.concatenate([batch, extra])
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.epoch_batches()
+        if self.rank is not None:
+            batches = batches[self.rank :: self.num_replicas]
+        yield from batches
+
+    def __len__(self) -> int:
+        full = sum(len(b) == self.batch_size for b in self.batches)
+        total = full if self.drop_last else len(self.batches)
+        n = self.num_replicas
+        if n > 1:
+            total = total // n * n if self.drop_last else -(-total // n) * n
+            if self.rank is not None:
+                total //= n
+        return total
+
+
+__all__ = ["ClusteredBatchSampler"]
