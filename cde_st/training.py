@@ -154,6 +154,7 @@ class TrainConfig:
     mini_batch_size: int | None = None  # gradient caching (second stage)
     context_mini_batch_size: int | None = None  # gradient caching (first stage)
     context_dropout: float = 0.0  # per batch, probability of a random partial/empty context (FilteredInfoNCELoss)
+    gather_across_devices: bool = False  # data-parallel: other ranks' rows as extra (cross-rank) negatives
     # ---- optimisation
     batch_size: int = 512
     learning_rate: float = 2e-5
@@ -362,8 +363,16 @@ def build_tiny_encoder(path: str | os.PathLike, hidden_size: int = 32, num_layer
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
-    BertModel(config, add_pooling_layer=False).save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    # Written aside and renamed into place: several processes of one launch (torchrun) may build it at once.
+    staging = f"{path}.tmp-{os.getpid()}"
+    BertModel(config, add_pooling_layer=False).save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        os.rename(staging, path)
+    except OSError:  # another process got there first: theirs is identical (same seed)
+        shutil.rmtree(staging, ignore_errors=True)
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise
     return path
 
 
@@ -628,6 +637,7 @@ def build_loss(cfg: TrainConfig, model):
         bidirectional=cfg.bidirectional,
         filter_false_negatives=cfg.filter_false_negatives,
         context_dropout=cfg.context_dropout,
+        gather_across_devices=cfg.gather_across_devices,
     )
 
 
@@ -823,7 +833,10 @@ def train(
             f"Give either eval_folder ({cfg.eval_folder!r}) or an evaluator ({type(evaluator).__name__}), not both."
         )
     torch.manual_seed(cfg.seed)
-    prepare_output_dir(cfg, resume, overwrite_output_dir, allow_config_change)
+    # Under torchrun / accelerate launch every rank runs this function; only rank 0 touches the output folder.
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    if is_main:
+        prepare_output_dir(cfg, resume, overwrite_output_dir, allow_config_change)
 
     pairs = load_pairs(cfg)
     train_dataset = pairs.remove_columns("domain")  # the collator would feed any extra column to the model
@@ -854,8 +867,19 @@ def train(
         dataloader_num_workers=cfg.dataloader_num_workers,
         dataloader_drop_last=False,
         dataloader_pin_memory=torch.cuda.is_available(),
+        # Without CUDA, a launcher's processes must be told they train on the CPU (accelerate then runs them
+        # data-parallel over gloo); otherwise the process group stays idle and every process trains alone.
+        use_cpu=not torch.cuda.is_available(),
         report_to="none",
     )
+    if args.world_size > 1:
+        logger.info(
+            "data-parallel training on %d processes (%s): %d pairs per rank and step, %d in all",
+            args.world_size,
+            args.parallel_mode.value,
+            cfg.batch_size,
+            cfg.batch_size * args.world_size,
+        )
     trainer = SentenceTransformerTrainer(
         model=model,
         args=args,
@@ -867,9 +891,16 @@ def train(
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume or None)
     wall = time.perf_counter() - start
+    if not trainer.is_world_process_zero():
+        return model
     final_dir = os.path.join(cfg.output_dir, "final")
     model.save(final_dir)
-    summary = {"train_wall_seconds": round(wall, 1), "steps": trainer.state.global_step, "pairs": len(pairs)}
+    summary = {
+        "train_wall_seconds": round(wall, 1),
+        "steps": trainer.state.global_step,
+        "pairs": len(pairs),
+        "processes": args.world_size,
+    }
     if evaluator is not None:
         summary["final_eval"] = evaluator(model)
     with open(os.path.join(cfg.output_dir, "train_summary.json"), "w", encoding="utf-8") as f:

@@ -48,9 +48,9 @@ from sentence_transformers.base.losses.gradcache import (
 )
 from sentence_transformers.util import batch_to_device, cos_sim
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
 from cde_st.context import sample_indices
+from cde_st.distributed import average_gradients, ddp_wrapper, gather_rows, scatter_gradient, unwrap_ddp, world
 from cde_st.model import contextual_module, is_contextual
 from cde_st.modules.contextual_transformer import ContextualTransformer
 
@@ -206,6 +206,15 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
             its n documents, the remaining slots null (not in the paper). Teaches the model partial and empty
             contexts, so that it stays a good bi-encoder with J = 0 instead of collapsing. The draw is seeded by
             the batch's tokens and a call counter, so the cached and uncached paths see the same context.
+        gather_across_devices: under data-parallel training (torchrun / accelerate launch), also use every other
+            rank's queries, documents and hard negatives as candidates (cross-rank negatives; each rank keeps its
+            own batch's context). Off by default, as in the paper: a clustered batch's negatives are the hard ones,
+            while other ranks' batches come from other clusters. Without a process group it changes nothing.
+
+    Data-parallel training: give the loss the model as the trainer wraps it (the trainer does this itself). Both
+    stages run behind the DistributedDataParallel wrapper and, once the backward pass has replayed every chunk of
+    both stages, all gradients are averaged across ranks in one collective (:mod:`cde_st.distributed`), so the
+    first stage is synchronised too, with or without gradient caching.
 
     References:
         - Contextual Document Embeddings (Morris & Rush, ICLR 2025): https://arxiv.org/abs/2410.02525
@@ -275,6 +284,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         filter_false_negatives: bool = True,
         context_seed: int = 0,
         context_dropout: float = 0.0,
+        gather_across_devices: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 <= context_dropout <= 1.0:
@@ -292,6 +302,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         self.bidirectional = bidirectional
         self.context_seed = context_seed
         self.context_dropout = context_dropout
+        self.gather_across_devices = gather_across_devices
         self._context_calls = 0
         self._warned_unprompted_context = False
 
@@ -332,25 +343,29 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         return 1.0 / self.temperature
 
     # ------------------------------------------------------------------ model access
+    @property
+    def _net(self) -> nn.Module:
+        """The model the loss runs: ``self.model`` behind a DistributedDataParallel wrapper, if any. Both stages
+        run outside DDP's forward and :func:`cde_st.distributed.average_gradients` synchronises them after the
+        backward hook (see :mod:`cde_st.distributed`)."""
+        return unwrap_ddp(self.model)
+
     def _contextual_module(self) -> ContextualTransformer | None:
-        """The ContextualTransformer of the (possibly compiled) model, or None for a plain model."""
-        model = getattr(self.model, "_orig_mod", self.model)
-        if isinstance(model, DistributedDataParallel):
-            if is_contextual(model.module):
-                # The first stage runs outside the DDP forward here, so its gradients would not be synchronised
-                # (the multi-GPU truncation defect of the reference code). Refuse rather than train it wrongly.
-                raise NotImplementedError(
-                    "FilteredInfoNCELoss does not support a DistributedDataParallel contextual model yet: the first "
-                    "stage would run outside the DDP forward and its gradients would not be synchronised."
-                )
-            return None
+        """The ContextualTransformer of the (possibly compiled or DDP-wrapped) model, or None for a plain model."""
+        model = getattr(self._net, "_orig_mod", self._net)
         return contextual_module(model) if is_contextual(model) else None
+
+    def _synchronize_gradients(self) -> None:
+        """Under DDP, average every gradient across ranks once both stages have received theirs."""
+        ddp = ddp_wrapper(self.model)
+        if ddp is not None:
+            average_gradients(ddp)
 
     # ------------------------------------------------------------------ batch preparation
     def _guide_embeddings(self, features: list[dict[str, Any]]) -> list[Tensor]:
         """Normalised guide embeddings (B, d_g) of the anchor and positive columns, from their decoded texts."""
         guide = self.guide
-        tokenizer = _unwrap(self.model).tokenizer
+        tokenizer = getattr(self._net, "_orig_mod", self._net).tokenizer
         chunk = self.mini_batch_size or 128
         guide.eval()
         out = []
@@ -421,7 +436,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         with random_state_context:
             with grad_context():
                 random_state = RandContext(*minibatch.values()) if copy_random_state else None
-                reps = self.model(minibatch, **kwargs)["sentence_embedding"]  # (mini_batch_size, d)
+                reps = self._net(minibatch, **kwargs)["sentence_embedding"]  # (mini_batch_size, d)
         return reps, random_state
 
     def embed_minibatch_iter(
@@ -465,32 +480,44 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         ``guide_reps``: normalised guide embeddings [anchors (B, d_g), positives (B, d_g)], or None (no filtering).
         With ``with_backward`` each chunk is back-propagated to ``reps`` at once and the detached total returned.
         """
-        queries = torch.cat(reps[0])  # (B, d)
-        positives = torch.cat(reps[1])  # (B, d)
-        candidates = torch.cat([positives] + [torch.cat(r) for r in reps[2:]])  # (B * (1 + n_neg), d)
-        batch_size = queries.shape[0]
-        num_hard = candidates.shape[0] - batch_size
+        columns = [torch.cat(column) for column in reps]  # (B, d) each: queries, positives, negatives...
+        if self.gather_across_devices and torch.is_grad_enabled() and not with_backward:
+            raise ValueError("gather_across_devices back-propagates inside calculate_loss: pass with_backward=True.")
+        batch_size = columns[0].shape[0]
         guide_q, guide_d = guide_reps if guide_reps is not None else (None, None)
         guide_pos = (guide_q * guide_d).sum(-1) if guide_reps is not None else None  # (B,) f(q_i, d_i)
+        local_q = columns[0]  # this rank's queries
+        offset, gathered = 0, None
+        if self.gather_across_devices and world()[0] > 1:
+            # Every rank's embeddings become candidates. Gathered as leaves: each chunk back-propagates into them
+            # locally and one collective at the end returns every rank's gradient to the rows' owner.
+            gathered = [gather_rows(column) for column in columns]
+            offset = gathered[0][1]
+            columns = [rows.requires_grad_(column.requires_grad) for (rows, _, _), column in zip(gathered, columns)]
+            if guide_reps is not None:
+                guide_q, guide_d = gather_rows(guide_q)[0], gather_rows(guide_d)[0]
+        queries, positives = columns[0], columns[1]  # (N, d): N = B, or all ranks' rows when gathering
+        candidates = torch.cat(columns[1:])  # (N * (1 + n_neg), d)
+        num_hard = candidates.shape[0] - positives.shape[0]
         chunk = self.mini_batch_size or batch_size
 
-        total = queries.new_zeros(())
+        total = local_q.new_zeros(())
         for begin in range(0, batch_size, chunk):
             end = min(begin + chunk, batch_size)
-            rows = torch.arange(end - begin, device=queries.device)
-            own = rows + begin  # each row's positive column
-            q = queries[begin:end]
+            rows = torch.arange(end - begin, device=local_q.device)
+            own = rows + begin + offset  # each row's positive column (and its own query/document row)
+            q = queries[offset + begin : offset + end]
 
             scores_qd = cos_sim(q, candidates) * self.scale  # (mb, B * (1 + n_neg))
             positive_logits = scores_qd[rows, own]
             if guide_q is not None:
-                removed = false_negative_mask(guide_q[begin:end], guide_d, self.margin, positive_index=own)
+                removed = false_negative_mask(guide_q[own], guide_d, self.margin, positive_index=own)
                 removed = torch.cat([removed, removed.new_zeros(len(rows), num_hard)], dim=1)  # hard negatives stay
                 scores_qd = scores_qd.masked_fill(removed, -torch.inf)
             blocks = [scores_qd]
 
             if self.bidirectional:
-                d = positives[begin:end]
+                d = positives[offset + begin : offset + end]
                 # (rows, candidates, guide rows, guide candidates): q->q, d->q, d->d
                 for row_reps, cand_reps, g_rows, g_cands in (
                     (q, queries, guide_q, guide_q),
@@ -503,7 +530,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
                     removed[rows, own] = True
                     if g_rows is not None:
                         removed |= false_negative_mask(
-                            g_rows[begin:end], g_cands, self.margin, positive_scores=guide_pos[begin:end]
+                            g_rows[own], g_cands, self.margin, positive_scores=guide_pos[begin:end]
                         )
                     blocks.append(scores.masked_fill(removed, -torch.inf))
 
@@ -512,6 +539,14 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
                 chunk_loss.backward()
                 chunk_loss = chunk_loss.detach()
             total = total + chunk_loss
+        if gathered is not None and with_backward:
+            # d (sum of every rank's loss) / d (this rank's rows), into the per-chunk leaves of ``reps``.
+            for column, leaf, (_, rank_offset, counts) in zip(reps, columns, gathered):
+                grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                local_grad = scatter_gradient(grad, rank_offset, counts[world()[1]])  # a collective: every rank
+                rows = torch.cat(column)
+                if rows.requires_grad:
+                    torch.autograd.backward(rows, local_grad.to(rows.dtype))
         return total
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None = None) -> Tensor:
@@ -544,14 +579,14 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         kwargs = {}
         if context_features is not None:
             kwargs["dataset_embeddings"] = self._embed_context(module, context_features)  # (J', d)
-        reps = [self.model(feature, **kwargs)["sentence_embedding"] for feature in features]
+        reps = [self._net(feature, **kwargs)["sentence_embedding"] for feature in features]
         if not torch.is_grad_enabled():
             return self.calculate_loss([[r] for r in reps], labels, guide_reps=guide_reps)
         leaves = [[r.detach().requires_grad_()] for r in reps]
         loss = self.calculate_loss(leaves, labels, with_backward=True, guide_reps=guide_reps)
         grads = _cached_gradients(leaves, type(self).__name__)
         loss = loss.detach().requires_grad_()
-        loss.register_hook(partial(_direct_backward_hook, reps=reps, grads=[g[0] for g in grads]))
+        loss.register_hook(partial(_direct_backward_hook, loss_obj=self, reps=reps, grads=[g[0] for g in grads]))
         return loss
 
     def _forward_cached(
@@ -641,6 +676,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
             "filter_false_negatives": self.filter_false_negatives,
             "context_seed": self.context_seed,
             "context_dropout": self.context_dropout,
+            "gather_across_devices": self.gather_across_devices,
         }
 
     @property
@@ -654,12 +690,6 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
     url={https://arxiv.org/abs/2410.02525}
 }
 """
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The model behind torch.compile / DDP wrappers."""
-    model = getattr(model, "_orig_mod", model)
-    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def _decode_texts(features: dict[str, Any], tokenizer) -> list[str]:
@@ -691,13 +721,16 @@ def _cached_gradients(reps: list[list[Tensor]], loss_name: str) -> list[list[Ten
     return cache
 
 
-def _direct_backward_hook(grad_output: Tensor, reps: list[Tensor], grads: list[Tensor]) -> None:
+def _direct_backward_hook(
+    grad_output: Tensor, loss_obj: FilteredInfoNCELoss, reps: list[Tensor], grads: list[Tensor]
+) -> None:
     """Uncached path: push the cached embedding gradients through the kept graphs (one backward for all columns,
-    so a shared context graph is traversed once)."""
+    so a shared context graph is traversed once), then synchronise the gradients under DDP."""
     pairs = [(r, g * grad_output) for r, g in zip(reps, grads) if r.requires_grad]
     if pairs:
         with torch.enable_grad():
             torch.autograd.backward([r for r, _ in pairs], [g.to(r.dtype) for r, g in pairs])
+    loss_obj._synchronize_gradients()
 
 
 class _ContextReplay:
@@ -705,7 +738,7 @@ class _ContextReplay:
 
     def __init__(self, loss: FilteredInfoNCELoss, context: Tensor | None) -> None:
         self.loss = loss
-        self.model = loss.model
+        self.model = loss._net  # not the DDP wrapper: ST's hook would synchronise before the first stage replays
         self.context = context
 
     def embed_minibatch_iter(self, **kwargs) -> Iterator[tuple[Tensor, RandContext | None]]:
@@ -729,13 +762,13 @@ def _two_stage_backward_hook(
     chunks and columns), then replay M1 chunk by chunk with that gradient."""
     context_leaf = None if context is None else context.detach().requires_grad_()
     _backward_hook(grad_output, features, _ContextReplay(loss_obj, context_leaf), cache, random_states, ranges)
-    if context_leaf is None or context_leaf.grad is None:
-        return
-    context_grad = context_leaf.grad  # (J', d), already scaled by grad_output
-    with torch.enable_grad():
-        for (begin, end), state in zip(context_ranges, context_states):
-            minibatch = _create_minibatch(context_features, begin, end)
-            with state:
-                vectors = module.embed_context_features(minibatch)
-            if vectors.requires_grad:
-                vectors.backward(context_grad[begin:end].to(vectors.dtype))
+    if context_leaf is not None and context_leaf.grad is not None:
+        context_grad = context_leaf.grad  # (J', d), already scaled by grad_output
+        with torch.enable_grad():
+            for (begin, end), state in zip(context_ranges, context_states):
+                minibatch = _create_minibatch(context_features, begin, end)
+                with state:
+                    vectors = module.embed_context_features(minibatch)
+                if vectors.requires_grad:
+                    vectors.backward(context_grad[begin:end].to(vectors.dtype))
+    loss_obj._synchronize_gradients()
