@@ -12,9 +12,9 @@ from test_model import DOCS  # tests/ is on sys.path under pytest
 from cde_st import ContextualSentenceTransformer
 
 
-def _uncached_reference(model, texts: list[str], context: torch.Tensor) -> torch.Tensor:
-    """The cached mode computed without any cache or split path: HF's own encoder over [context ; text] with a
-    4-D mask in which context rows see only context rows."""
+def _uncached_reference(model, texts: list[str], context: torch.Tensor, read_layers=None) -> torch.Tensor:
+    """The cached mode computed without any cache or split path: HF's own encoder layers over [context ; text] with
+    a 4-D mask in which context rows see only context rows (and, outside ``read_layers``, text rows only text)."""
     module = model.contextual_module
     features = module.preprocess(texts)
     ids, mask = features["input_ids"], features["attention_mask"]
@@ -25,8 +25,12 @@ def _uncached_reference(model, texts: list[str], context: torch.Tensor) -> torch
     keys_valid = torch.cat([mask.new_ones(batch, p), mask], dim=1).bool()[:, None, None, :]
     rows = torch.arange(p + length)
     allowed = (rows[:, None] >= p) | (rows[None, :] < p)  # text rows see all; context rows only context
-    mask4d = keys_valid & allowed[None, None]
-    out = module.second_stage.encoder(hidden, attention_mask=mask4d).last_hidden_state[:, p:]
+    text_only = (rows[:, None] >= p) == (rows[None, :] >= p)  # context rows see context, text rows text
+    for i, layer in enumerate(module.second_stage.encoder.layer):
+        reads = read_layers is None or i in read_layers
+        hidden = layer(hidden, attention_mask=keys_valid & (allowed if reads else text_only)[None, None])
+        hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+    out = hidden[:, p:]
     pooled = (out * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
     return module.head(pooled)
 
@@ -48,6 +52,37 @@ def test_cached_mode_equals_uncached_computation(make_tiny_cde, num_context):
     assert (first - expected).abs().max() <= 1e-5
     assert (second - first).abs().max() <= 1e-6
     assert (per_call - first).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("layers", [[0], [-1]])
+def test_context_layers_cached_equals_uncached_computation(make_tiny_cde, layers):
+    """Text rows read the context only in ``context_layers``; the cache keeps only those layers' keys/values."""
+    model = make_tiny_cde(context_size=8, context_attention="cached", context_layers=layers)
+    module = model.contextual_module
+    assert module.context_layers == sorted(i % 2 for i in layers)
+    context = torch.randn(8, module.hidden_size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = _uncached_reference(model, DOCS, context, read_layers=module.context_layers)
+        every_layer = _uncached_reference(model, DOCS, context)
+    model.set_context(context)
+    got = model.encode(DOCS, convert_to_tensor=True)
+    assert (got - expected).abs().max() <= 1e-5
+    assert (got - every_layer).abs().max() > 1e-4  # the layers that do not read make a difference
+    full = make_tiny_cde(context_size=8, context_attention="cached")
+    full.set_context(context)
+    full.encode(DOCS[:1])
+    ratio = module.context_cache_bytes() / full.contextual_module.context_cache_bytes()
+    assert ratio == len(module.context_layers) / 2
+
+
+def test_context_layers_are_checked(make_tiny_cde):
+    for bad in ([2], [-3], [], ["0"], "top"):
+        with pytest.raises(ValueError, match="context_layers"):
+            make_tiny_cde(context_size=8, context_attention="cached", context_layers=bad)
+    with pytest.raises(ValueError, match="context_layers needs"):
+        make_tiny_cde(context_size=8, context_layers=[1])  # joint attention without gate: every layer reads
+    gated = make_tiny_cde(context_size=8, context_gate=True, context_layers=[1])  # joint + gate: allowed
+    assert gated.contextual_module.context_layers == [1]
 
 
 def test_cached_mode_contracts(make_tiny_cde, tmp_path):

@@ -314,6 +314,7 @@ ATTENTION_MODES = {
     "cached": {"context_attention": "cached"},
     "joint-gate": {"context_gate": True},
     "cached-gate": {"context_attention": "cached", "context_gate": True},
+    "cached-gate-top-layer": {"context_attention": "cached", "context_gate": True, "context_layers": [-1]},
 }
 
 

@@ -111,16 +111,24 @@ class BackboneAdapter:
     def _final(self, model, hidden):
         return hidden
 
-    def context_states(self, model: PreTrainedModel, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context_states(
+        self, model: PreTrainedModel, context: torch.Tensor, read_layers: list[int] | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
         """Per layer, the keys and values of the prefix rows when they attend only to each other:
         (P, d) -> [(k, v)] with k, v (1, heads, P, head_dim). They depend on the corpus alone, so they can be
-        computed once per context and reused for every text (``context_attention="cached"``)."""
+        computed once per context and reused for every text (``context_attention="cached"``). With
+        ``read_layers``, only those layers keep their keys/values (None for the others) and the prefix stops at
+        the last of them."""
+        layers = list(self._layers(model))
+        if read_layers is not None:
+            layers = layers[: max(read_layers) + 1]
         hidden, states = context.unsqueeze(0), []
-        for layer in self._layers(model):
+        for i, layer in enumerate(layers):
             q, k, v = self._qkv(layer, hidden, None)
-            states.append((k, v))
-            attended = F.scaled_dot_product_attention(q, k, v, dropout_p=self._dropout(layer))
-            hidden = self._finish(layer, attended, hidden)
+            states.append((k, v) if read_layers is None or i in read_layers else None)
+            if i + 1 < len(layers):  # the last layer's output is never read
+                attended = F.scaled_dot_product_attention(q, k, v, dropout_p=self._dropout(layer))
+                hidden = self._finish(layer, attended, hidden)
         return states
 
     def encode_split(
@@ -129,8 +137,9 @@ class BackboneAdapter:
         context: torch.Tensor,
         text: torch.Tensor,
         text_mask: torch.Tensor,
-        cached: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        cached: list[tuple[torch.Tensor, torch.Tensor] | None] | None,
         gates: torch.Tensor | None,
+        read_layers: list[int] | None = None,
     ) -> torch.Tensor:
         """Encode (B, L, d) text against a (P, d) prefix with cde_st's own attention variants -> (B, L, d).
 
@@ -139,6 +148,7 @@ class BackboneAdapter:
         ``gates`` (layers, heads) or None: text rows read the prefix through a separate softmax scaled by
         tanh(gate), added to their text-only attention; zero gates give exactly the plain encoder on the text.
         Sliding-window layers apply their window among text tokens; the prefix stays visible to every row.
+        ``read_layers``: the layers whose text rows read the prefix (None: all); the others attend to the text only.
         """
         batch, length, text_mask = text.shape[0], text.shape[1], text_mask.bool()
         prefix = None if cached is not None else context.unsqueeze(0).expand(batch, -1, -1)
@@ -153,7 +163,12 @@ class BackboneAdapter:
             if window is not None:
                 text_keys = keys_valid & ((offsets[:, None] - offsets[None, :]).abs() <= window)[None, None]
             q, k, v = self._qkv(layer, hidden, self._text_rope(model, layer, hidden))
+            reads = read_layers is None or i in read_layers
             if cached is not None:
+                if not reads:
+                    attended = F.scaled_dot_product_attention(q, k, v, attn_mask=text_keys, dropout_p=p)
+                    hidden = self._finish(layer, attended, hidden)
+                    continue
                 k_pre, v_pre = cached[i]  # (1, H, P, hd), shared by the batch
             else:
                 q_pre, k_pre, v_pre = self._qkv(layer, prefix, None)
@@ -162,6 +177,10 @@ class BackboneAdapter:
                     q_pre, torch.cat([k_pre, k], 2), torch.cat([v_pre, v], 2), attn_mask=joint, dropout_p=p
                 )
                 prefix = self._finish(layer, attended, prefix)
+                if not reads:
+                    attended = F.scaled_dot_product_attention(q, k, v, attn_mask=text_keys, dropout_p=p)
+                    hidden = self._finish(layer, attended, hidden)
+                    continue
             gate = None if gates is None else gates[i]
             attended = _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, p)
             hidden = self._finish(layer, attended, hidden)

@@ -160,6 +160,21 @@ def _build_encoder(config: dict | Any, attn_implementation: str | None) -> PreTr
     )
 
 
+def _check_layers(layers: list[int] | None, num_layers: int) -> list[int] | None:
+    """``context_layers`` as sorted non-negative indices (None: every layer), or a ValueError naming the problem."""
+    if layers is None:
+        return None
+    if isinstance(layers, (str, bytes)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise ValueError(f"context_layers must be a list of layer indices or None, got {layers!r}.")
+    bad = [i for i in layers if not -num_layers <= i < num_layers]
+    if bad or not layers:
+        raise ValueError(
+            f"context_layers must name at least one of the second stage's {num_layers} layers "
+            f"(0..{num_layers - 1}, or negative from the top), got {layers!r}."
+        )
+    return sorted({i % num_layers for i in layers})
+
+
 class _SoftPrompt(nn.Module):
     """``n`` learned prompt vectors between the context and the text: ``projection(ones(d))`` reshaped to (n, d),
     with projection = Linear(d, d) -> ReLU -> Linear(d, n * d), as in the released CDE models."""
@@ -205,6 +220,10 @@ class ContextualTransformer(InputModule):
         context_gate: text rows read the context through a separate softmax scaled by tanh(g), one zero-initialised
             g per layer and head, added to their text-only attention. An untrained model is then exactly the
             encoder it was built from, whatever the context; training can only add what the context contributes.
+        context_layers: the second-stage layers whose text rows read the context (with "cached" or the gate);
+            None: every layer. Others attend to the text alone. Fewer reading layers make a text cheaper (each
+            read costs attention over J keys) and shrink the cache; the context rows still run through the layers
+            below the last reading one. Negative indices count from the top (``[-3, -2, -1]``: the top three).
 
     Released-checkpoint compatibility (``cde_st.released`` sets these for cde-small-v1/v2; the defaults keep
     cde_st's own position-free design):
@@ -254,6 +273,7 @@ class ContextualTransformer(InputModule):
         "context_padding",
         "context_attention",
         "context_gate",
+        "context_layers",
     ]
     forward_kwargs = {"dataset_embeddings"}
 
@@ -282,6 +302,7 @@ class ContextualTransformer(InputModule):
         context_padding: str = "null",
         context_attention: str = "joint",
         context_gate: bool = False,
+        context_layers: list[int] | None = None,
     ) -> None:
         super().__init__()
         if context_size < 0:
@@ -349,6 +370,12 @@ class ContextualTransformer(InputModule):
                     "context_attention='cached' / context_gate are cde_st's own modes; they do not combine with the "
                     "released-compatibility fields embed_joint_sequence / prefix_positions."
                 )
+        self.context_layers = _check_layers(context_layers, self.second_stage.config.num_hidden_layers)
+        if self.context_layers is not None and not self._split_attention:
+            raise ValueError(
+                "context_layers needs context_attention='cached' or context_gate=True: in the paper's joint attention "
+                "every layer attends over the whole sequence."
+            )
         self._instruction_token_id = None
         if pool_skip_instruction is not None:
             ids = tokenizer.encode(pool_skip_instruction, add_special_tokens=False)
@@ -707,7 +734,7 @@ class ContextualTransformer(InputModule):
             cached = None
             if self.context_attention == "cached":
                 cached = self._cached_states(prefix, reusable=dataset_embeddings is None and not self.training)
-            out = adapter.encode_split(backbone, prefix, text, attention_mask, cached, self.gates)
+            out = adapter.encode_split(backbone, prefix, text, attention_mask, cached, self.gates, self.context_layers)
         else:
             hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, P + L, d2)
             if self.embed_joint_sequence:
@@ -749,18 +776,19 @@ class ContextualTransformer(InputModule):
     def _cached_states(self, prefix: torch.Tensor, reusable: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The prefix's per-layer keys/values (cached mode); kept while the active context and weights stay."""
         if not reusable:
-            return self.second_adapter.context_states(self.second_stage, prefix)
+            return self.second_adapter.context_states(self.second_stage, prefix, self.context_layers)
         key = (id(self.context_vectors), prefix.dtype, prefix.device)
         if self._context_cache is None or self._context_cache[0] != key:
             with torch.no_grad():
-                self._context_cache = (key, self.second_adapter.context_states(self.second_stage, prefix))
+                states = self.second_adapter.context_states(self.second_stage, prefix, self.context_layers)
+                self._context_cache = (key, states)
         return self._context_cache[1]
 
     def context_cache_bytes(self) -> int:
         """Memory held by the cached keys/values of the active context (0 when nothing is cached)."""
         if self._context_cache is None:
             return 0
-        return sum(t.numel() * t.element_size() for kv in self._context_cache[1] for t in kv)
+        return sum(t.numel() * t.element_size() for kv in self._context_cache[1] if kv is not None for t in kv)
 
     def _position_ids(self, num_ctx: int, num_prefix: int, text_length: int, device) -> torch.Tensor:
         """One rotary position per row of [context ; soft prompt ; text] (NO_POSITION: no rotation)."""
