@@ -75,13 +75,26 @@ def _pair_points(q: np.ndarray, d: np.ndarray, rows: np.ndarray, flipped: np.nda
 
 
 def _faiss_use_gpu(use_gpu: bool | None) -> bool:
+    """Whether k-means runs on the GPU. ``None``: when faiss is a GPU build and sees a device, else the CPU.
+    ``True`` without one is an error naming what is missing (the GPU build, or a device it can see)."""
     import faiss
 
-    available = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    gpu_build = hasattr(faiss, "StandardGpuResources")  # absent from faiss-cpu
+    available = faiss.get_num_gpus() if gpu_build else 0
     if use_gpu is None:
         return available > 0
+    if use_gpu and not gpu_build:
+        raise ValueError(
+            f"use_gpu=True, but the installed faiss {faiss.__version__} is a CPU-only build (faiss-cpu). Install the "
+            "GPU build in its place: pip uninstall faiss-cpu && pip install 'cde_st[faiss-gpu]' (faiss-gpu-cu12, "
+            "CUDA 12). Or pass use_gpu=None to use a GPU only when there is one."
+        )
     if use_gpu and available == 0:
-        raise ValueError("use_gpu=True but this faiss build sees no GPU (install faiss-gpu or pass use_gpu=None).")
+        raise ValueError(
+            f"use_gpu=True, but faiss {faiss.__version__} (a GPU build) sees no CUDA device "
+            "(faiss.get_num_gpus() == 0): check the NVIDIA driver and CUDA_VISIBLE_DEVICES, or pass use_gpu=None "
+            "to cluster on the CPU."
+        )
     return bool(use_gpu)
 
 

@@ -50,12 +50,25 @@ DEFAULT_DOCUMENT_PROMPT = "search_document: "
 
 def _resolve_attn_implementation(name: str | None) -> str:
     """With "auto": flash-attention 2 when it is installed, a CUDA device is present and models are built in half
-    precision (flash-attention has no fp32 kernels), else PyTorch SDPA."""
+    precision (flash-attention has no fp32 kernels), else PyTorch SDPA. "flash_attention_2" asked for explicitly
+    without the package or a CUDA device is an error naming what is missing, before any encoder is built."""
     if name in (None, "auto"):
         half = torch.get_default_dtype() in (torch.float16, torch.bfloat16)
         if half and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
             return "flash_attention_2"
         return "sdpa"
+    if name == "flash_attention_2":
+        missing = []
+        if importlib.util.find_spec("flash_attn") is None:
+            missing.append("the flash-attn package (pip install 'cde_st[flash]', on a CUDA machine)")
+        if not torch.cuda.is_available():
+            missing.append("a CUDA device (torch.cuda.is_available() is False; flash-attention has no CPU kernels)")
+        if missing:
+            raise ImportError(
+                f"attn_implementation='flash_attention_2' needs {' and '.join(missing)}. Use 'auto' (the default: "
+                "flash-attention only where it can run) or 'sdpa'; when loading, model_kwargs={'attn_implementation': "
+                "'sdpa'}."
+            )
     return name
 
 
