@@ -809,6 +809,20 @@ def prepare_output_dir(
         json.dump(cfg.to_dict(), f, indent=2)
 
 
+def _trainer_class():
+    """SentenceTransformerTrainer whose checkpoints only the main process writes. transformers moved that guard into
+    ``Trainer._save``, which sentence-transformers 6.2 overrides without it: under torchrun every rank wrote the
+    same checkpoint files at once."""
+    from sentence_transformers import SentenceTransformerTrainer
+
+    class _MainProcessSavingTrainer(SentenceTransformerTrainer):
+        def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+            if self.args.should_save:
+                super()._save(output_dir, state_dict=state_dict)
+
+    return _MainProcessSavingTrainer
+
+
 def train(
     cfg: TrainConfig,
     resume: bool | str = False,
@@ -824,7 +838,7 @@ def train(
     sentence-transformers evaluator to use instead of ``eval_folder``'s; for a contextual model it goes through
     :func:`cde_st.evaluators.with_corpus_context` (a stock ``InformationRetrievalEvaluator`` gets its own corpus as
     context, other evaluators must come wrapped in :class:`~cde_st.evaluators.ContextualEvaluator`)."""
-    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import SentenceTransformerTrainingArguments
 
     from cde_st.evaluators import with_corpus_context
 
@@ -880,7 +894,7 @@ def train(
             cfg.batch_size,
             cfg.batch_size * args.world_size,
         )
-    trainer = SentenceTransformerTrainer(
+    trainer = _trainer_class()(
         model=model,
         args=args,
         train_dataset=train_dataset,

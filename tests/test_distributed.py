@@ -203,3 +203,5 @@ def test_torchrun_trains_data_parallel(tmp_path):
     assert summary["processes"] == WORLD
     assert summary["steps"] == summary["pairs"] // (8 * WORLD)  # tiny preset: batch 8 per rank, one epoch
     assert (out / "final" / "modules.json").exists()
+    saving = [line for line in result.stderr.splitlines() if "Saving model checkpoint to" in line]
+    assert len(saving) == 2, saving  # checkpoint-2 and checkpoint-4, each written by rank 0 alone
