@@ -133,3 +133,19 @@ def test_flash_when_loading_names_what_is_missing(flash_attn, make_tiny_cde, tmp
     flash_attn(False)
     with pytest.raises(ImportError, match=r"flash-attn package .* and a CUDA device"):
         ContextualSentenceTransformer(str(tmp_path / "cde"), model_kwargs={"attn_implementation": "flash_attention_2"})
+
+
+def test_flash_attention_with_text_scoped_sliding_windows_is_refused():
+    """flash-attention ignores masks: ModernBERT's sliding-window layers would drop the whole-prefix rule."""
+    from transformers import ModernBertConfig
+
+    from cde_st.modules.contextual_transformer import _check_flash_attention
+
+    config = ModernBertConfig(num_hidden_layers=3, global_attn_every_n_layers=3)
+    assert "sliding_attention" in config.layer_types
+    config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="local_attention_scope"):
+        _check_flash_attention(config, "text", split_attention=False)
+    _check_flash_attention(config, "sequence", split_attention=False)  # the released rule: what flash does
+    config._attn_implementation = "sdpa"
+    _check_flash_attention(config, "text", split_attention=False)

@@ -173,6 +173,22 @@ def _build_encoder(config: dict | Any, attn_implementation: str | None) -> PreTr
     )
 
 
+def _check_flash_attention(config, local_attention_scope: str, split_attention: bool) -> None:
+    """flash-attention takes no attention mask: a sliding-window layer would run its window over the joint
+    sequence, silently dropping the rule of ``local_attention_scope="text"`` that every row sees the whole prefix."""
+    if (
+        getattr(config, "_attn_implementation", None) == "flash_attention_2"
+        and "sliding_attention" in (getattr(config, "layer_types", None) or ())
+        and local_attention_scope == "text"
+        and not split_attention
+    ):
+        raise ValueError(
+            f"attn_implementation='flash_attention_2' cannot keep the whole context visible to the sliding-window "
+            f"layers of this {config.model_type!r} second stage (local_attention_scope='text'): use "
+            "attn_implementation='sdpa', or local_attention_scope='sequence' (the released cde-small-v2 rule)."
+        )
+
+
 def _check_layers(layers: list[int] | None, num_layers: int) -> list[int] | None:
     """``context_layers`` as sorted non-negative indices (None: every layer), or a ValueError naming the problem."""
     if layers is None:
@@ -384,6 +400,7 @@ class ContextualTransformer(InputModule):
                     "released-compatibility fields embed_joint_sequence / prefix_positions."
                 )
         self.context_layers = _check_layers(context_layers, self.second_stage.config.num_hidden_layers)
+        _check_flash_attention(self.second_stage.config, local_attention_scope, self._split_attention)
         if self.context_layers is not None and not self._split_attention:
             raise ValueError(
                 "context_layers needs context_attention='cached' or context_gate=True: in the paper's joint attention "
