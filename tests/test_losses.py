@@ -670,3 +670,29 @@ def test_context_dropout_cached_equals_uncached(make_tiny_cde, tiny_guide, targe
     _assert_same_gradients(grads_d, grads_c, rtol=F32_TOL)
     first_stage = [n for n in grads_d if n.startswith("0.first_stage.")]
     assert bool(first_stage) == (target == "partial")  # an empty context never reaches the first stage
+
+
+@pytest.mark.parametrize("mini_batch_size", [None, 4])
+def test_first_stage_runs_in_the_trainers_mixed_precision(make_tiny_cde, mini_batch_size):
+    """accelerate (the trainer's bf16=True) autocasts the model's forward; the loss calls the first stage outside
+    it, and must run it in the same precision, in the first pass and in the replay."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    model = make_tiny_cde(context_size=16)
+    model.train()
+    dtypes = []
+    # a projection inside the first stage (its output LayerNorm runs in float32 under autocast either way)
+    hook = model.contextual_module.first_stage.encoder.layer[0].attention.self.query.register_forward_hook(
+        lambda module, args, output: dtypes.append(output.dtype)
+    )
+    try:
+        prepared = Accelerator(mixed_precision="bf16", cpu=True).prepare(model)
+        loss = FilteredInfoNCELoss(prepared, guide=False, mini_batch_size=mini_batch_size)
+        loss(_columns(model), None).backward()
+    finally:
+        hook.remove()
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert len(dtypes) == (1 if mini_batch_size is None else 6)  # cached: 3 chunks of 4 (12 docs), replayed
+    assert set(dtypes) == {torch.bfloat16}
+    assert model.contextual_module.first_stage.embeddings.word_embeddings.weight.grad is not None

@@ -409,12 +409,22 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
                 context = {k: v[:keep] for k, v in context.items()}
         return context
 
-    @staticmethod
-    def _embed_context(module: ContextualTransformer, features: dict[str, Tensor]) -> Tensor:
+    def _embed_context(self, module: ContextualTransformer, features: dict[str, Tensor]) -> Tensor:
         """First stage on a batch's context features; an empty context (context dropout) is (0, d)."""
         if features["input_ids"].shape[0] == 0:
             return module.null_vector.new_zeros(0, module.hidden_size)
-        return module.embed_context_features(features)
+        return self._first_stage(module, features)
+
+    def _first_stage(self, module: ContextualTransformer, features: dict[str, Tensor]) -> Tensor:
+        """The first stage on (a chunk of) context features, in the model's mixed precision. The loss calls it
+        outside the model's forward, which is where accelerate (the trainer's ``bf16`` / ``fp16``) puts its
+        autocast: without this the first stage would silently run in float32 while the second ran in bf16."""
+        if getattr(self._net, "_original_forward", None) is None:  # not prepared with mixed precision
+            return module.embed_context_features(features)
+        from accelerate.utils import get_mixed_precision_context_manager
+
+        with get_mixed_precision_context_manager(native_amp=True):
+            return module.embed_context_features(features)
 
     # ------------------------------------------------------------------ embedding (CachedLossMixin hooks)
     def embed_minibatch(
@@ -615,7 +625,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
                 minibatch = _create_minibatch(context_features, begin, end)
                 context_states.append(RandContext(*minibatch.values()) if grad_enabled else None)
                 with torch.no_grad():
-                    chunks.append(module.embed_context_features(minibatch))
+                    chunks.append(self._first_stage(module, minibatch))
             context = torch.cat(chunks)  # (J', d)
 
         # Step 1b: second stage without grad, every column against that context.
@@ -768,7 +778,7 @@ def _two_stage_backward_hook(
             for (begin, end), state in zip(context_ranges, context_states):
                 minibatch = _create_minibatch(context_features, begin, end)
                 with state:
-                    vectors = module.embed_context_features(minibatch)
+                    vectors = loss_obj._first_stage(module, minibatch)
                 if vectors.requires_grad:
                     vectors.backward(context_grad[begin:end].to(vectors.dtype))
     loss_obj._synchronize_gradients()
