@@ -686,6 +686,7 @@ def test_first_stage_runs_in_the_trainers_mixed_precision(make_tiny_cde, mini_ba
     hook = model.contextual_module.first_stage.encoder.layer[0].attention.self.query.register_forward_hook(
         lambda module, args, output: dtypes.append(output.dtype)
     )
+    AcceleratorState._reset_state(reset_partial_state=True)  # an earlier trainer test may have set one up
     try:
         prepared = Accelerator(mixed_precision="bf16", cpu=True).prepare(model)
         loss = FilteredInfoNCELoss(prepared, guide=False, mini_batch_size=mini_batch_size)
