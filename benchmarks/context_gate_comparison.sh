@@ -28,6 +28,7 @@ if [[ ${3:-} != eval-only ]]; then
     "query_prompt=''" "document_prompt=''"
 fi
 sizes=(64 0 16); [[ $variant == c || $variant == dgj ]] && sizes=(64)
+[[ -n ${SIZES:-} ]] && read -r -a sizes <<< "$SIZES"  # e.g. SIZES=64: only the J of the quality comparison
 python eval/run_mteb.py --model "$out/final" --model-name "cde-st/mini-$variant-s$seed" --tasks scifact \
   --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --context-size "${sizes[@]}" \
   --output-dir "runs/eval-gate/$variant-s$seed" --quiet
