@@ -46,9 +46,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from peak_rss import PeakRSS  # benchmarks/ is the script's folder, first on sys.path
 
 RESULT = "RESULT "  # prefix of the worker's result lines on stdout
 MODELS = ("contextual", "biencoder")
@@ -93,31 +94,6 @@ def build_encoder(folder: str, hidden_size: int, layers: int, heads: int, interm
 
 
 # ---------------------------------------------------------------- worker: measurements
-class _PeakRSS:
-    """Samples the process's RSS in a thread (torch kernels release the GIL) and keeps the maximum."""
-
-    def __init__(self, interval: float = 0.001) -> None:
-        import psutil
-
-        self._process = psutil.Process()
-        self.interval, self.peak, self._stop = interval, self._process.memory_info().rss, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._process.memory_info().rss)
-            time.sleep(self.interval)
-
-    def __enter__(self) -> _PeakRSS:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._process.memory_info().rss)
-
-
 def _columns(tokenizer, prompts: list[str], batch: int, length: int, device, seed: int) -> list[dict]:
     """(B, L) features per column: [CLS] prompt random-ids [SEP], no padding (the collator's format)."""
     import torch
@@ -211,7 +187,7 @@ def _timed_steps(cfg: dict, spec: dict) -> dict:
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
-    meter = contextlib.nullcontext() if cuda else _PeakRSS()
+    meter = contextlib.nullcontext() if cuda else PeakRSS()
     baseline = 0 if cuda else meter.peak
     with meter:
         for _ in range(cfg["steps"]):

@@ -24,9 +24,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from peak_rss import PeakRSS  # benchmarks/ is the script's folder, first on sys.path
 
 # ---------------------------------------------------------------- configuration
 SMALL_BERT = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
@@ -47,34 +48,6 @@ def _load_pairs(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
             rows.extend(json.loads(line) for line in f)
     random.Random(seed).shuffle(rows)
     return [r["query"] for r in rows[:n]], [r["document"] for r in rows[:n]]
-
-
-def _rss() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-class _PeakRSS:
-    """Samples RSS in a thread (torch kernels release the GIL) and keeps the maximum."""
-
-    def __init__(self, interval: float = 0.001) -> None:
-        self.interval, self.peak, self._stop = interval, _rss(), threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _rss())
-            time.sleep(self.interval)
-
-    def __enter__(self) -> _PeakRSS:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss())
 
 
 def run_worker(spec: dict) -> dict:
@@ -112,9 +85,9 @@ def run_worker(spec: dict) -> dict:
     for _ in range(WARMUP_STEPS):
         step()
     gc.collect()
-    baseline = _rss()
     times, values = [], []
-    with _PeakRSS() as peak:
+    with PeakRSS() as peak:
+        baseline = peak.peak  # the RSS before the timed steps
         for _ in range(TIMED_STEPS):
             start = time.perf_counter()
             values.append(step())
