@@ -40,6 +40,7 @@ class TrainConfigError(ValueError):
 _CHOICES: dict[str, tuple[Any, ...]] = {
     "model": ("contextual", "biencoder", "continue"),
     "batching": ("clustered", "random"),
+    "surrogate_kind": ("transformer", "static"),
     "bf16": (True, False, "auto"),
 }
 
@@ -145,6 +146,10 @@ class TrainConfig:
     batching: str = "clustered"  # "clustered" (contextual batches) or "random"
     cluster_size: int | None = None  # None: the batch size (paper)
     surrogate: str | None = None  # clustering model; None: offline all-MiniLM-L6-v2
+    # "transformer": `surrogate` embeds every pair. "static": a static model distilled from `surrogate` (model2vec,
+    # once, cached) and fitted to it on 4,096 pairs embeds them: minutes instead of hours for 1M pairs on a CPU,
+    # slightly easier batches (benchmarks/RESULTS_sampler.md); needs pip install 'cde_st[fast-surrogate]'.
+    surrogate_kind: str = "transformer"
     # ---- loss
     filter_false_negatives: bool = True
     guide: str | None = None  # filtering model; None: offline all-MiniLM-L6-v2
@@ -685,6 +690,7 @@ def build_batch_sampler(cfg: TrainConfig, pairs):
         ClusteredBatchSampler,
         cluster_size=min(cfg.cluster_size or cfg.batch_size, len(pairs)),
         model=cfg.surrogate,
+        surrogate_kind=cfg.surrogate_kind,
         domains=list(pairs["domain"]),  # a plain list: the trainer pickles these options into every checkpoint
         query_column="query",
         document_column="document",

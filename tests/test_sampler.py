@@ -19,9 +19,12 @@ from datasets import Dataset, DatasetDict
 
 from cde_st.batching import (
     ClusteredBatchSampler,
+    StaticSurrogate,
     cluster_pairs,
+    distill_static_surrogate,
     embed_pairs,
     in_batch_negative_similarity,
+    load_static_surrogate,
     order_clusters,
     pack_clusters,
 )
@@ -76,9 +79,9 @@ def test_public_names_importable_from_their_old_homes():
     import cde_st.sampler as compat
 
     assert cde_st.ClusteredBatchSampler is batching.ClusteredBatchSampler
-    for name in batching.__all__:
+    assert len(compat.__all__) == 10
+    for name in compat.__all__:
         assert getattr(compat, name) is getattr(batching, name), name
-    assert set(compat.__all__) == set(batching.__all__)
     # A checkpoint written before the split pickled the class by its old path.
     old = pickle.dumps(compat.ClusteredBatchSampler, protocol=0)  # text opcodes: the path can be edited
     assert pickle.loads(old.replace(b"cde_st.batching.sampler", b"cde_st.sampler")) is batching.ClusteredBatchSampler
@@ -359,6 +362,168 @@ def test_default_cluster_size_is_batch_size_clamped_to_rows():
     assert make_sampler(pair_dataset(100), batch_size=16).cluster_size == 16
     small = make_sampler(pair_dataset(10), batch_size=16)  # e.g. a small eval split
     assert small.cluster_size == 10 and rows_of(small) == list(range(10))
+
+
+# ---- the static (fast) surrogate -----------------------------------------------------------------------------
+
+TOPICS = {
+    "space": "rocket orbit planet launch satellite moon",
+    "food": "bread cheese recipe oven kitchen flour",
+    "music": "guitar song concert band melody drums",
+    "law": "court judge lawyer trial verdict appeal",
+}
+
+
+def topic_dataset(n: int, seed: int = 0) -> tuple[Dataset, np.ndarray]:
+    """Pairs whose query and document share a topic's words; (dataset, topic of each pair)."""
+    rng = np.random.default_rng(seed)
+    names = sorted(TOPICS)
+    topic = rng.integers(len(names), size=n)
+    words = {name: TOPICS[name].split() for name in names}
+    queries = [" ".join(rng.choice(words[names[t]], 3)) + f" question {i}" for i, t in enumerate(topic)]
+    documents = [" ".join(rng.choice(words[names[t]], 8)) + f" answer {i}" for i, t in enumerate(topic)]
+    return Dataset.from_dict({"query": queries, "document": documents}), topic
+
+
+@pytest.fixture(scope="module")
+def static_root(tmp_path_factory, tiny_bert_dir):
+    """A $CDE_ST_CACHE holding the static surrogate distilled (once, seconds) from the tiny BERT."""
+    pytest.importorskip("model2vec", reason="model2vec is not installed (pip install 'cde_st[fast-surrogate]')")
+    root = tmp_path_factory.mktemp("cde_st_cache")
+    distill_static_surrogate(tiny_bert_dir, cache_dir=root / "surrogates")
+    return root
+
+
+def test_static_surrogate_sampler_gives_a_valid_clustering(static_root, tiny_bert_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("CDE_ST_CACHE", str(static_root))
+    ds, _ = topic_dataset(96)
+    domains = ["a", "b"] * 48
+    kwargs = dict(
+        model=tiny_bert_dir, surrogate_kind="static", static_fit_pairs=32, static_dims=8, cluster_size=8,
+        domains=domains, cache_dir=tmp_path, show_progress_bar=False,
+    )  # fmt: skip
+    sampler = ClusteredBatchSampler(ds, 8, False, **kwargs)
+    batches = list(sampler)
+    assert rows_of(batches) == list(range(96))
+    assert all(len(b) == 8 for b in batches)
+    assert all(len({domains[i] for i in b}) == 1 for b in batches)
+    assert sampler.clustering.num_clusters == 12
+    assert sampler.clustering.centroids.shape == (12, 2 * 8)  # k-means ran on the static_dims embeddings
+    assert sampler.timings["embed_s"] > 0 and sampler.cache_path.exists()
+
+    import cde_st.batching.sampler as sampler_module
+
+    def fail(*args, **kwargs):
+        raise AssertionError("recomputed although cached")
+
+    monkeypatch.setattr(sampler_module, "fit_static_surrogate", fail)
+    monkeypatch.setattr(sampler_module, "cluster_pairs", fail)
+    again = ClusteredBatchSampler(ds, 8, False, **kwargs)
+    assert again.cache_path == sampler.cache_path and list(again) == batches
+    # The static settings are part of the clustering's key; the transformer surrogate's key is another.
+    for other in (dict(static_dims=4), dict(static_fit_pairs=16), dict(surrogate_kind="transformer")):
+        with pytest.raises(AssertionError, match="recomputed"):
+            ClusteredBatchSampler(ds, 8, False, **{**kwargs, **other})
+
+
+def test_static_surrogate_is_deterministic_and_harder_than_random(static_root, tiny_bert_dir, monkeypatch):
+    monkeypatch.setenv("CDE_ST_CACHE", str(static_root))
+    ds, topic = topic_dataset(128, seed=1)
+    kwargs = dict(
+        model=tiny_bert_dir, surrogate_kind="static", static_fit_pairs=64, static_dims=8, cluster_size=16,
+        cache=False, show_progress_bar=False,
+    )  # fmt: skip
+    first = ClusteredBatchSampler(ds, 16, False, **kwargs)
+    second = ClusteredBatchSampler(ds, 16, False, **kwargs)
+    assert list(first) == list(second)
+    # The topic words dominate the (random) tiny encoder's token table: batches share topics more than random.
+    same_topic = np.mean([np.mean(topic[b] == np.bincount(topic[b]).argmax()) for b in first])
+    assert same_topic > 0.5  # random batches of 16 over 4 topics: about 0.4
+
+
+def test_distilled_surrogate_is_cached_and_reused(static_root, tiny_bert_dir, monkeypatch):
+    import model2vec.distill
+
+    from cde_st.batching.cache import _model_fingerprint
+
+    cache_dir = static_root / "surrogates"
+    folders = [p for p in cache_dir.iterdir() if p.is_dir()]
+    assert len(folders) == 1 and folders[0].name.startswith(f"static-{_model_fingerprint(tiny_bert_dir)[:24]}-")
+
+    def fail(*args, **kwargs):
+        raise AssertionError("distilled again")
+
+    monkeypatch.setattr(model2vec.distill, "distill", fail)
+    assert distill_static_surrogate(tiny_bert_dir, cache_dir=cache_dir) == folders[0]
+    surrogate = load_static_surrogate(tiny_bert_dir, cache_dir=cache_dir)
+    assert surrogate.encode(["a query"]).shape == (1, surrogate.dim)
+    # Another source model or dimension is another folder, distilled anew.
+    with pytest.raises(AssertionError, match="distilled again"):
+        distill_static_surrogate(tiny_bert_dir, dims=8, cache_dir=cache_dir)
+
+
+def test_static_surrogate_without_model2vec_says_what_to_install(tiny_bert_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "model2vec", None)  # `import model2vec` now raises ImportError
+    message = r"model2vec.*pip install 'cde_st\[fast-surrogate\]'"
+    with pytest.raises(ImportError, match=message):
+        ClusteredBatchSampler(
+            pair_dataset(40), 8, False, model=tiny_bert_dir, surrogate_kind="static", cache_dir=tmp_path,
+            show_progress_bar=False,
+        )  # fmt: skip
+    with pytest.raises(ImportError, match=message):
+        distill_static_surrogate(tiny_bert_dir, cache_dir=tmp_path)
+
+
+def test_static_surrogate_bad_options_raise(tiny_bert_dir, tiny_st_model):
+    kwargs = dict(cache=False, show_progress_bar=False)
+    with pytest.raises(ValueError, match="surrogate_kind must be one of"):
+        ClusteredBatchSampler(pair_dataset(40), 8, False, surrogate_kind="fast", **kwargs)
+    with pytest.raises(ValueError, match="static_dims must be a positive integer"):
+        ClusteredBatchSampler(pair_dataset(40), 8, False, surrogate_kind="static", static_dims=0, **kwargs)
+    with pytest.raises(ValueError, match="static_fit_pairs must be >= 0"):
+        ClusteredBatchSampler(pair_dataset(40), 8, False, surrogate_kind="static", static_fit_pairs=-1, **kwargs)
+    with pytest.raises(ValueError, match="not a loaded SentenceTransformer"):
+        ClusteredBatchSampler(pair_dataset(40), 8, False, model=tiny_st_model, surrogate_kind="static", **kwargs)
+
+
+def test_static_surrogate_encode_matches_model2vec(static_root):
+    from model2vec import StaticModel
+
+    (folder,) = [p for p in (static_root / "surrogates").iterdir() if p.is_dir()]
+    model = StaticModel.from_pretrained(str(folder))
+    surrogate = StaticSurrogate.from_model2vec(model)
+    texts = ["a short query", "a longer document about rockets and orbits " * 20, "", "\u2603 snow"]
+    ours = surrogate.encode(texts)
+    reference = np.asarray(model.encode(texts, max_length=None), dtype=np.float32)
+    reference /= np.maximum(np.linalg.norm(reference, axis=1, keepdims=True), 1e-12)
+    np.testing.assert_allclose(ours, reference, atol=2e-3)  # model2vec pools in float16
+    assert not ours[2].any()  # no tokens: zeros (k-means normalises them away)
+    flat, lengths = surrogate.tokenize(texts, max_seq_length=5)
+    assert lengths.tolist() == [3, 5, 0, 1]  # the unknown snowman is dropped, as model2vec does
+    assert len(flat) == lengths.sum()
+
+
+def test_fit_to_moves_toward_the_teacher_and_reduces_dims(static_root, tiny_bert_dir, tiny_st_model):
+    surrogate = load_static_surrogate(tiny_bert_dir, cache_dir=static_root / "surrogates")
+    ds, _ = topic_dataset(256, seed=2)
+    texts = list(ds["query"]) + list(ds["document"])
+    targets = tiny_st_model.encode(texts, normalize_embeddings=True)
+
+    def distance(fitted):  # mean cosine distance to the teacher
+        return float(np.mean(1.0 - np.sum(fitted.encode(texts) * targets, axis=1)))
+
+    ridge_only = surrogate.fit_to(texts, targets, epochs=0)
+    trained = surrogate.fit_to(texts, targets, epochs=20, lr=1e-2)
+    assert ridge_only.dim == trained.dim == targets.shape[1]
+    # (The random tiny teacher's embeddings are all alike, so distances are small; training still halves them.)
+    assert distance(trained) < 0.5 * distance(ridge_only)
+    reduced = surrogate.fit_to(texts, targets, dims=4, epochs=2)
+    embeddings = reduced.encode(texts)
+    assert embeddings.shape == (len(texts), 4)
+    np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(embeddings, surrogate.fit_to(texts, targets, dims=4, epochs=2).encode(texts))
+    pca_only = surrogate.fit_to(texts, None, dims=4)
+    assert pca_only.encode(texts[:3]).shape == (3, 4)
 
 
 # ---- distributed ----------------------------------------------------------------------------------------------

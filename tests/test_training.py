@@ -172,6 +172,7 @@ def test_set_overrides_are_coerced_to_the_field_types(monkeypatch, tmp_path):
         ("train_data=[a, 3]", r"train_data\[1\].*3.*str"),
         ("domain_prompts=x", r"domain_prompts.*'x'.*dict"),
         ("batching=kmeans", r"batching.*'kmeans'.*clustered"),
+        ("surrogate_kind=fast", r"surrogate_kind.*'fast'.*static"),
         ("batchsize=3", r"[Uu]nknown.*batchsize"),
     ],
 )
@@ -182,6 +183,17 @@ def test_set_overrides_with_wrong_types_name_field_value_and_type(monkeypatch, c
         _cli_config(monkeypatch, ["--preset", "tiny", "--set", item])
     message = capsys.readouterr().err + str(exc.value.code)
     assert "--set" in message and re.search(expected, message), message
+
+
+def test_batch_sampler_gets_the_surrogate_kind():
+    from datasets import Dataset
+
+    from cde_st.training import build_batch_sampler
+
+    pairs = Dataset.from_dict({"query": ["q"] * 4, "document": ["d"] * 4, "domain": ["a"] * 4})
+    assert build_batch_sampler(TrainConfig.from_preset("tiny"), pairs).keywords["surrogate_kind"] == "transformer"
+    fast = build_batch_sampler(TrainConfig.from_preset("tiny", surrogate_kind="static"), pairs)
+    assert fast.keywords["surrogate_kind"] == "static"
 
 
 def test_config_file_fields_are_checked_with_file_and_line(tmp_path):

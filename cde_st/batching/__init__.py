@@ -10,31 +10,45 @@ are split, small ones are merged with their nearest neighbours in a greedy neare
 One file per step, each a plain function, so that the sampler, the training scripts and the benchmarks all run
 the same code:
 
-- :mod:`~cde_st.batching.surrogate`: :func:`embed_pairs`, the surrogate embeddings of the pairs;
+- :mod:`~cde_st.batching.surrogate`: :func:`embed_pairs`, the surrogate embeddings of the pairs, with a
+  transformer or a fast static surrogate (:class:`StaticSurrogate`, :func:`load_static_surrogate`,
+  :func:`distill_static_surrogate`, :func:`fit_static_surrogate`);
 - :mod:`~cde_st.batching.clustering`: :func:`cluster_pairs` (faiss spherical k-means per domain),
   :class:`PairClustering`, :func:`num_clusters_for`;
 - :mod:`~cde_st.batching.packing`: :func:`order_clusters`, :func:`pack_clusters` (clusters into batches);
 - :mod:`~cde_st.batching.hardness`: :func:`in_batch_negative_similarity` (how hard the batches are);
-- :mod:`~cde_st.batching.cache`: :func:`default_cache_dir` and the on-disk cache of clusterings;
+- :mod:`~cde_st.batching.cache`: :func:`default_cache_dir` and the on-disk cache of clusterings (and
+  :func:`default_surrogate_cache_dir`, where distilled static surrogates are kept);
 - :mod:`~cde_st.batching.sampler`: :class:`ClusteredBatchSampler`, which wires them into a sentence-transformers
   batch sampler.
 """
 
-from cde_st.batching.cache import default_cache_dir
+from cde_st.batching.cache import default_cache_dir, default_surrogate_cache_dir
 from cde_st.batching.clustering import PairClustering, cluster_pairs, num_clusters_for
 from cde_st.batching.hardness import in_batch_negative_similarity
 from cde_st.batching.packing import ClusterOrder, order_clusters, pack_clusters
 from cde_st.batching.sampler import ClusteredBatchSampler
-from cde_st.batching.surrogate import embed_pairs
+from cde_st.batching.surrogate import (
+    StaticSurrogate,
+    distill_static_surrogate,
+    embed_pairs,
+    fit_static_surrogate,
+    load_static_surrogate,
+)
 
 __all__ = [
     "ClusterOrder",
     "ClusteredBatchSampler",
     "PairClustering",
+    "StaticSurrogate",
     "cluster_pairs",
     "default_cache_dir",
+    "default_surrogate_cache_dir",
+    "distill_static_surrogate",
     "embed_pairs",
+    "fit_static_surrogate",
     "in_batch_negative_similarity",
+    "load_static_surrogate",
     "num_clusters_for",
     "order_clusters",
     "pack_clusters",

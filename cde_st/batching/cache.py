@@ -25,10 +25,19 @@ logger = logging.getLogger(__name__)
 _CACHE_VERSION = 1
 
 
+def _cache_root() -> Path:
+    """``$CDE_ST_CACHE`` if set, else ``~/.cache/cde_st``."""
+    return Path(os.environ.get("CDE_ST_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "cde_st"))
+
+
 def default_cache_dir() -> Path:
     """``$CDE_ST_CACHE/clusters`` if set, else ``~/.cache/cde_st/clusters``."""
-    root = os.environ.get("CDE_ST_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "cde_st")
-    return Path(root) / "clusters"
+    return _cache_root() / "clusters"
+
+
+def default_surrogate_cache_dir() -> Path:
+    """Where distilled static surrogates are kept: ``$CDE_ST_CACHE/surrogates``, else ``~/.cache/cde_st/surrogates``."""
+    return _cache_root() / "surrogates"
 
 
 def _hash_texts(hasher: Any, texts: Sequence[Any]) -> None:
@@ -101,4 +110,4 @@ def _load_clustering(path: Path, num_rows: int, domain_names: list[Hashable]) ->
     return clustering
 
 
-__all__ = ["default_cache_dir"]
+__all__ = ["default_cache_dir", "default_surrogate_cache_dir"]

@@ -27,7 +27,14 @@ from cde_st.batching.cache import (
 )
 from cde_st.batching.clustering import PairClustering, _encode_domains, cluster_pairs
 from cde_st.batching.packing import ClusterOrder, pack_clusters
-from cde_st.batching.surrogate import embed_pairs
+from cde_st.batching.surrogate import (
+    SURROGATE_KINDS,
+    StaticSurrogate,
+    SurrogateKind,
+    _import_model2vec,
+    embed_pairs,
+    fit_static_surrogate,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -35,6 +42,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Bump when the static surrogate's preparation (distillation, fit) changes: part of its clustering cache key.
+_STATIC_VERSION = 1
 # Added by the trainer to multi-dataset inputs; never a text column.
 _RESERVED_COLUMNS = ("dataset_name", "return_loss")
 
@@ -97,7 +106,17 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         cluster_size: target pairs per cluster; ``None`` uses ``batch_size`` (the paper's setting), clamped to
             the dataset size.
         model: the surrogate: a ``SentenceTransformer`` or a path / hub id; ``None`` is the offline
-            all-MiniLM-L6-v2 (``cde_st._defaults``). Loaded only when the clustering is not cached.
+            all-MiniLM-L6-v2 (``cde_st._defaults``). Loaded only when the clustering is not cached. A
+            :class:`~cde_st.batching.StaticSurrogate` is used as is (a static surrogate).
+        surrogate_kind: ``"transformer"`` embeds every pair with ``model``. ``"static"`` (for large datasets on a
+            CPU; ``pip install 'cde_st[fast-surrogate]'``) embeds them with a static-embedding model distilled
+            from ``model`` by model2vec (once, kept under ``$CDE_ST_CACHE/surrogates``, default
+            ``~/.cache/cde_st/surrogates``), fitted to ``model`` on ``static_fit_pairs`` random pairs and reduced
+            to ``static_dims`` dimensions (:func:`~cde_st.batching.fit_static_surrogate`): about as hard batches,
+            in minutes instead of hours for a million pairs (benchmarks/RESULTS_sampler.md).
+        static_fit_pairs: pairs the transformer embeds to fit the static surrogate (0: no transformer at all;
+            measurably easier batches).
+        static_dims: dimensions of the static surrogate's embeddings, i.e. of k-means (PCA).
         embeddings: precomputed ``(query_embeddings, document_embeddings)``, each (N, D), instead of a model.
         query_column, document_column: the text columns; by default the first two string columns.
         domains: the domain of every row (a sequence of hashables).
@@ -166,7 +185,10 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         seed: int = 0,
         *,
         cluster_size: int | None = None,
-        model: SentenceTransformer | str | os.PathLike | None = None,
+        model: SentenceTransformer | StaticSurrogate | str | os.PathLike | None = None,
+        surrogate_kind: SurrogateKind = "transformer",
+        static_fit_pairs: int = 4096,
+        static_dims: int = 128,
         embeddings: tuple[np.ndarray, np.ndarray] | None = None,
         query_column: str | None = None,
         document_column: str | None = None,
@@ -230,6 +252,24 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         domain_values = self._resolve_domains(dataset, domains, domain_dataset, domain_column, num_rows)
         if embeddings is not None and model is not None:
             raise ValueError("Give either a surrogate `model` or precomputed `embeddings`, not both.")
+        if surrogate_kind not in SURROGATE_KINDS:
+            raise ValueError(f"surrogate_kind must be one of {SURROGATE_KINDS}, got {surrogate_kind!r}.")
+        if not isinstance(static_dims, (int, np.integer)) or isinstance(static_dims, bool) or static_dims < 1:
+            raise ValueError(f"static_dims must be a positive integer, got {static_dims!r}.")
+        if not isinstance(static_fit_pairs, (int, np.integer)) or isinstance(static_fit_pairs, bool):
+            raise ValueError(f"static_fit_pairs must be an integer, got {static_fit_pairs!r}.")
+        if static_fit_pairs < 0:
+            raise ValueError(f"static_fit_pairs must be >= 0, got {static_fit_pairs}.")
+        self.surrogate_kind = "static" if isinstance(model, StaticSurrogate) else surrogate_kind
+        self.static_fit_pairs = int(static_fit_pairs)
+        self.static_dims = int(static_dims)
+        if self.surrogate_kind == "static" and embeddings is None:
+            if model is not None and not isinstance(model, (str, os.PathLike, StaticSurrogate)):
+                raise ValueError(
+                    "surrogate_kind='static' distils the surrogate from a model folder or hub id: pass its path as "
+                    f"model= (or a StaticSurrogate), not a loaded {type(model).__name__}."
+                )
+            _import_model2vec()  # fail now, with what to install, rather than after reading the dataset
         if embeddings is not None:
             q_emb, d_emb = (np.asarray(e) for e in embeddings)
             if q_emb.ndim != 2 or q_emb.shape != d_emb.shape or len(q_emb) != num_rows:
@@ -426,7 +466,16 @@ class ClusteredBatchSampler(DefaultBatchSampler):
                 model = default_surrogate_model_path()
             queries = ["" if t is None else t for t in dataset[self.query_column]]
             documents = ["" if t is None else t for t in dataset[self.document_column]]
-            hasher.update(f"|model={_model_fingerprint(model)}|max_seq_length={max_seq_length}".encode())
+            if isinstance(model, StaticSurrogate):
+                surrogate_key = model.fingerprint()
+            else:
+                surrogate_key = _model_fingerprint(model)
+                if self.surrogate_kind == "static":  # (the transformer key is unchanged, so old caches still load)
+                    version = _import_model2vec().__version__
+                    surrogate_key += (
+                        f"|static:v{_STATIC_VERSION}:fit{self.static_fit_pairs}:d{self.static_dims}:model2vec{version}"
+                    )
+            hasher.update(f"|model={surrogate_key}|max_seq_length={max_seq_length}".encode())
             _hash_texts(hasher, queries)
             hasher.update(b"|documents")
             _hash_texts(hasher, documents)
@@ -443,7 +492,20 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         start = time.perf_counter()
         if q_emb is None:
             surrogate = model
-            if isinstance(model, (str, os.PathLike)):
+            if self.surrogate_kind == "static" and not isinstance(model, StaticSurrogate):
+                surrogate = fit_static_surrogate(
+                    model,
+                    queries,
+                    documents,
+                    fit_pairs=self.static_fit_pairs,
+                    dims=self.static_dims,
+                    max_seq_length=max_seq_length,
+                    seed=self.seed,
+                    device=device,
+                    encode_batch_size=encode_batch_size,
+                    show_progress_bar=settings["show_progress_bar"],
+                )
+            elif isinstance(model, (str, os.PathLike)):
                 from sentence_transformers import SentenceTransformer
 
                 surrogate = SentenceTransformer(os.fspath(model), device=device)
