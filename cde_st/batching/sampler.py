@@ -35,6 +35,7 @@ from cde_st.batching.surrogate import (
     embed_pairs,
     fit_static_surrogate,
 )
+from cde_st.distributed import world
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -46,13 +47,6 @@ logger = logging.getLogger(__name__)
 _STATIC_VERSION = 1
 # Added by the trainer to multi-dataset inputs; never a text column.
 _RESERVED_COLUMNS = ("dataset_name", "return_loss")
-
-
-def _dist_world() -> tuple[int, int]:
-    """(world size, rank) of an initialised torch.distributed process group, else (1, 0)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size(), torch.distributed.get_rank()
-    return 1, 0
 
 
 class ClusteredBatchSampler(DefaultBatchSampler):
@@ -240,7 +234,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             )
         self.cluster_size = int(cluster_size)
 
-        world_size, _ = _dist_world()
+        world_size, _ = world()
         self.num_replicas = world_size if num_replicas is None else int(num_replicas)
         if self.num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}.")
@@ -410,7 +404,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         settings: dict[str, Any],
     ) -> PairClustering:
         num_rows = len(dataset)
-        world_size, rank = _dist_world()
+        world_size, rank = world()
         if world_size > 1:
             # One process clusters and the others receive the result, so that every rank packs the same batches
             # (independent k-means runs may differ in the last bits and so in a few assignments).
