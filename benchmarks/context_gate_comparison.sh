@@ -3,9 +3,9 @@
 # partial and empty contexts (context_dropout), with cached or joint context attention, against the bi-encoder
 # (c) of docs/RESULTS.md (issue 6) on the same data, batches, loss and seeds (preset `mini`, no prefixes).
 # Usage: bash benchmarks/context_gate_comparison.sh VARIANT SEED [eval-only]
-#   VARIANT: dgc (gate + cached, residual output head, added params at lr 5e-3), dgc2 (the preset: gate + cached,
-#   no output head, no first-stage MLP, added params at lr 2e-2), dgj (dgc2 with joint attention), dgc2u (dgc2 with
-#   the context read in the top 3 of 6 layers: context_layers [3, 4, 5]), c (bi-encoder);
+#   VARIANT: dgc (gate + cached, residual output head, added params at lr 5e-3), dgc2 (gate + cached,
+#   no output head, no first-stage MLP, added params at lr 2e-2), dgj (dgc2 with joint attention), dgc2u (the preset:
+#   dgc2 with the context read in the top 3 of 6 layers, context_layers [3, 4, 5]), c (bi-encoder);
 #   SEED: 42 (the preset's) or 1, 2
 # Scores SciFact test NDCG@10 at max_seq_length 256 with J = 64, 0 and 16 (the context-size sweep).
 set -euo pipefail
@@ -15,11 +15,11 @@ variant=$1; seed=$2; out=runs/mini-$variant-s$seed
 GATE=(context_dropout=0.5 added_params_lr=0.005)
 case $variant in
   dgc) settings=(model=contextual "model_config={context_gate: true, context_attention: cached}" "${GATE[@]}") ;;
-  dgc2) settings=(model=contextual) ;;  # the preset's own contextual recipe since issues 11-12
+  dgc2) settings=(model=contextual  # the preset's recipe of session 3: the context read in every layer
+        "model_config={context_gate: true, context_attention: cached, output_head: none, first_stage_head: none}") ;;
   dgj) settings=(model=contextual  # dgc2 with joint attention (issue 12's quality comparison)
         "model_config={context_gate: true, context_attention: joint, output_head: none, first_stage_head: none}") ;;
-  dgc2u) settings=(model=contextual  # dgc2 with the context read by the upper half of the layers only
-        "model_config={context_gate: true, context_attention: cached, output_head: none, first_stage_head: none, context_layers: [3, 4, 5]}") ;;
+  dgc2u) settings=(model=contextual) ;;  # the preset's own recipe since session 4: dgc2 read by the top 3 layers
   c) settings=(model=biencoder) ;;
   *) echo "unknown variant $variant" >&2; exit 2 ;;
 esac
