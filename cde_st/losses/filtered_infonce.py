@@ -551,10 +551,10 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
             total = total + chunk_loss
         if gathered is not None and with_backward:
             # d (sum of every rank's loss) / d (this rank's rows), into the per-chunk leaves of ``reps``.
-            for column, leaf, (_, rank_offset, counts) in zip(reps, columns, gathered):
-                grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-                local_grad = scatter_gradient(grad, rank_offset, counts[world()[1]])  # a collective: every rank
+            for column, leaf in zip(reps, columns):
                 rows = torch.cat(column)
+                grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                local_grad = scatter_gradient(grad, offset, rows.shape[0])  # a collective: every rank calls it
                 if rows.requires_grad:
                     torch.autograd.backward(rows, local_grad.to(rows.dtype))
         return total

@@ -163,26 +163,20 @@ class BackboneAdapter:
             if window is not None:
                 text_keys = keys_valid & ((offsets[:, None] - offsets[None, :]).abs() <= window)[None, None]
             q, k, v = self._qkv(layer, hidden, self._text_rope(model, layer, hidden))
-            reads = read_layers is None or i in read_layers
-            if cached is not None:
-                if not reads:
-                    attended = F.scaled_dot_product_attention(q, k, v, attn_mask=text_keys, dropout_p=p)
-                    hidden = self._finish(layer, attended, hidden)
-                    continue
-                k_pre, v_pre = cached[i]  # (1, H, P, hd), shared by the batch
-            else:
+            if cached is None:  # joint: the prefix rows advance through every layer, attending to the text too
                 q_pre, k_pre, v_pre = self._qkv(layer, prefix, None)
                 joint = torch.cat([prefix_valid, keys_valid], dim=-1)
                 attended = F.scaled_dot_product_attention(
                     q_pre, torch.cat([k_pre, k], 2), torch.cat([v_pre, v], 2), attn_mask=joint, dropout_p=p
                 )
                 prefix = self._finish(layer, attended, prefix)
-                if not reads:
-                    attended = F.scaled_dot_product_attention(q, k, v, attn_mask=text_keys, dropout_p=p)
-                    hidden = self._finish(layer, attended, hidden)
-                    continue
-            gate = None if gates is None else gates[i]
-            attended = _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, p)
+            if read_layers is not None and i not in read_layers:  # this layer's text reads the text only
+                attended = F.scaled_dot_product_attention(q, k, v, attn_mask=text_keys, dropout_p=p)
+            else:
+                if cached is not None:
+                    k_pre, v_pre = cached[i]  # (1, H, P, hd), shared by the batch
+                gate = None if gates is None else gates[i]
+                attended = _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, p)
             hidden = self._finish(layer, attended, hidden)
         return self._final(model, hidden)
 
