@@ -354,6 +354,7 @@ def build_tiny_encoder(path: str | os.PathLike, hidden_size: int = 32, num_layer
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     from cde_st._defaults import default_surrogate_model_path
+    from cde_st._files import write_folder_atomically
 
     path = str(path)
     if os.path.exists(os.path.join(path, "config.json")):
@@ -370,16 +371,14 @@ def build_tiny_encoder(path: str | os.PathLike, hidden_size: int = 32, num_layer
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
-    # Written aside and renamed into place: several processes of one launch (torchrun) may build it at once.
-    staging = f"{path}.tmp-{os.getpid()}"
-    BertModel(config, add_pooling_layer=False).save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    try:
-        os.rename(staging, path)
-    except OSError:  # another process got there first: theirs is identical (same seed)
-        shutil.rmtree(staging, ignore_errors=True)
-        if not os.path.exists(os.path.join(path, "config.json")):
-            raise
+    encoder = BertModel(config, add_pooling_layer=False)
+
+    def write(staging):
+        encoder.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+
+    # Several processes of one launch (torchrun) may build it at once: same seed, same files.
+    write_folder_atomically(path, write)
     return path
 
 

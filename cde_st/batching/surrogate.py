@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
+from cde_st._files import write_folder_atomically
 from cde_st.batching.cache import _model_fingerprint, default_surrogate_cache_dir
 
 if TYPE_CHECKING:
@@ -376,17 +375,7 @@ def distill_static_surrogate(
     logger.info("Distilling a %d-d static surrogate from %s (once; cached in %s)", dims, os.fspath(model), folder)
     start = time.perf_counter()
     static = distill(model_name=os.fspath(model), pca_dims=dims, device=device)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f"{folder.name}.tmp-"))
-    try:
-        static.save_pretrained(staging)
-        try:
-            os.replace(staging, folder)  # atomic: another process sees no folder or a complete one
-        except OSError:
-            if not (folder / "config.json").exists():  # not a concurrent distillation that got there first
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    write_folder_atomically(folder, static.save_pretrained)
     logger.info("Distilled the static surrogate in %.1fs", time.perf_counter() - start)
     return folder
 
