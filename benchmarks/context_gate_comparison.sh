@@ -7,11 +7,15 @@
 #   no output head, no first-stage MLP, added params at lr 2e-2), dgj (dgc2 with joint attention), dgc2u (the preset:
 #   dgc2 with the context read in the top 3 of 6 layers, context_layers [3, 4, 5]), c (bi-encoder);
 #   SEED: 42 (the preset's) or 1, 2
+# Environment: SIZES="64" limits the J sweep; TAG=name and EXTRA="key=value ..." train a recipe variant
+#   (e.g. TAG=no20ng EXTRA="exclude_domains=[scifact_train,twentynewsgroups]") into runs/mini-VARIANT-TAG-sSEED;
+#   TABLE2=1 also scores the five cheaper Table-2 tasks (docs/RESULTS.md, issue 11).
 # Scores SciFact test NDCG@10 at max_seq_length 256 with J = 64, 0 and 16 (the context-size sweep).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-variant=$1; seed=$2; out=runs/mini-$variant-s$seed
+variant=$1; seed=$2; name=$variant${TAG:+-$TAG}-s$seed; out=runs/mini-$name
+read -r -a extra <<< "${EXTRA:-}"
 GATE=(context_dropout=0.5 added_params_lr=0.005)
 case $variant in
   dgc) settings=(model=contextual "model_config={context_gate: true, context_attention: cached}" "${GATE[@]}") ;;
@@ -25,10 +29,16 @@ case $variant in
 esac
 if [[ ${3:-} != eval-only ]]; then
   python train/train_cde.py --preset mini --output-dir "$out" --set seed="$seed" "${settings[@]}" \
-    "query_prompt=''" "document_prompt=''"
+    "query_prompt=''" "document_prompt=''" "${extra[@]}"
 fi
 sizes=(64 0 16); [[ $variant == c || $variant == dgj ]] && sizes=(64)
 [[ -n ${SIZES:-} ]] && read -r -a sizes <<< "$SIZES"  # e.g. SIZES=64: only the J of the quality comparison
-python eval/run_mteb.py --model "$out/final" --model-name "cde-st/mini-$variant-s$seed" --tasks scifact \
+python eval/run_mteb.py --model "$out/final" --model-name "cde-st/mini-$name" --tasks scifact \
   --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --context-size "${sizes[@]}" \
-  --output-dir "runs/eval-gate/$variant-s$seed" --quiet
+  --output-dir "runs/eval-gate/$name" --quiet
+if [[ -n ${TABLE2:-} ]]; then
+  context=(); [[ $variant != c ]] && context=(--context-size 64)
+  python eval/run_mteb.py --model "$out/final" --model-name "cde-st/mini-$name" \
+    --tasks stsbenchmark sickr biosses banking77 twentynewsgroups --data-dir ../shared/data --prefixes off \
+    --max-seq-length 256 --batch-size 64 "${context[@]}" --output-dir "runs/eval-table2/$name" --quiet
+fi

@@ -160,6 +160,7 @@ class TrainConfig:
     context_mini_batch_size: int | None = None  # gradient caching (first stage)
     context_dropout: float = 0.0  # per batch, probability of a random partial/empty context (FilteredInfoNCELoss)
     gather_across_devices: bool = False  # data-parallel: other ranks' rows as extra (cross-rank) negatives
+    leave_one_out: bool = False  # hide each pair's own document from it in the training context (FilteredInfoNCELoss)
     # ---- optimisation
     batch_size: int = 512
     learning_rate: float = 2e-5
@@ -644,6 +645,7 @@ def build_loss(cfg: TrainConfig, model):
         filter_false_negatives=cfg.filter_false_negatives,
         context_dropout=cfg.context_dropout,
         gather_across_devices=cfg.gather_across_devices,
+        leave_one_out=cfg.leave_one_out,
     )
 
 

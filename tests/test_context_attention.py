@@ -12,9 +12,12 @@ from test_model import DOCS  # tests/ is on sys.path under pytest
 from cde_st import ContextualSentenceTransformer
 
 
-def _uncached_reference(model, texts: list[str], context: torch.Tensor, read_layers=None) -> torch.Tensor:
+def _uncached_reference(
+    model, texts: list[str], context: torch.Tensor, read_layers=None, context_mask=None
+) -> torch.Tensor:
     """The cached mode computed without any cache or split path: HF's own encoder layers over [context ; text] with
-    a 4-D mask in which context rows see only context rows (and, outside ``read_layers``, text rows only text)."""
+    a 4-D mask in which context rows see only context rows (and, outside ``read_layers``, text rows only text);
+    ``context_mask`` (B, J) hides context slots from a row's text."""
     module = model.contextual_module
     features = module.preprocess(texts)
     ids, mask = features["input_ids"], features["attention_mask"]
@@ -26,9 +29,14 @@ def _uncached_reference(model, texts: list[str], context: torch.Tensor, read_lay
     rows = torch.arange(p + length)
     allowed = (rows[:, None] >= p) | (rows[None, :] < p)  # text rows see all; context rows only context
     text_only = (rows[:, None] >= p) == (rows[None, :] >= p)  # context rows see context, text rows text
+    hidden_slots = torch.zeros(batch, 1, p + length, p + length, dtype=torch.bool)
+    if context_mask is not None:  # text rows (queries >= p) may not read the hidden slots (keys < len(context))
+        hidden_slots[:, 0, p:, : context_mask.shape[1]] = ~context_mask[:, None, :]
     for i, layer in enumerate(module.second_stage.encoder.layer):
         reads = read_layers is None or i in read_layers
-        hidden = layer(hidden, attention_mask=keys_valid & (allowed if reads else text_only)[None, None])
+        hidden = layer(
+            hidden, attention_mask=keys_valid & (allowed if reads else text_only)[None, None] & ~hidden_slots
+        )
         hidden = hidden[0] if isinstance(hidden, tuple) else hidden
     out = hidden[:, p:]
     pooled = (out * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
@@ -73,6 +81,98 @@ def test_context_layers_cached_equals_uncached_computation(make_tiny_cde, layers
     full.encode(DOCS[:1])
     ratio = module.context_cache_bytes() / full.contextual_module.context_cache_bytes()
     assert ratio == len(module.context_layers) / 2
+
+
+def _row_masks(batch: int, slots: int) -> torch.Tensor:
+    """(B, J) visibility: row i hides slot i (leave-one-out), the last row hides every slot, the first sees all."""
+    mask = torch.ones(batch, slots, dtype=torch.bool)
+    mask[torch.arange(1, batch), torch.arange(1, batch) % slots] = False
+    mask[-1] = False
+    return mask
+
+
+def test_context_mask_cached_equals_uncached_computation(make_tiny_cde):
+    """Per-row hidden slots in cached mode: HF's own layers with the same slots cut from each row's text keys."""
+    model = make_tiny_cde(context_size=8, context_attention="cached")
+    module = model.contextual_module
+    context = torch.randn(8, module.hidden_size, generator=torch.Generator().manual_seed(1))
+    mask = _row_masks(len(DOCS), 8)
+    features = module.preprocess(DOCS)
+    with torch.no_grad():
+        expected = _uncached_reference(model, DOCS, context, context_mask=mask)
+        got = module(dict(features), dataset_embeddings=context, context_mask=mask)["sentence_embedding"]
+        unmasked = module(dict(features), dataset_embeddings=context)["sentence_embedding"]
+        all_visible = module(dict(features), dataset_embeddings=context, context_mask=torch.ones_like(mask))
+    assert (got - expected).abs().max() <= 1e-5
+    assert (all_visible["sentence_embedding"] - unmasked).abs().max() <= 1e-6
+    assert (got[0] - unmasked[0]).abs().max() <= 1e-6  # the first row sees every slot
+    assert (got[1:] - unmasked[1:]).abs().max(dim=1).values.min() > 1e-5  # every other row hides one
+
+
+MASK_MODES = {
+    "joint": {},
+    "joint-gate": {"context_gate": True},
+    "cached-layer-0": {"context_attention": "cached", "context_layers": [0]},
+    "cached-gate-layer-0": {"context_attention": "cached", "context_gate": True, "context_layers": [0]},
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MASK_MODES))
+def test_hidden_slot_does_not_reach_the_row(make_tiny_cde, mode):
+    """A row's embedding does not depend on a slot hidden from it (in cached mode only where the context is read
+    before the context rows attend to each other, i.e. layer 0), and does depend on the slots it sees."""
+    model = make_tiny_cde(context_size=6, sequence_dropout=0.0, **MASK_MODES[mode])
+    module = model.contextual_module
+    if module.gates is not None:
+        with torch.no_grad():
+            module.gates.fill_(0.5)
+    gen = torch.Generator().manual_seed(2)
+    context = torch.randn(5, module.hidden_size, generator=gen)  # 5 vectors + 1 null slot
+    mask = _row_masks(len(DOCS), 5)
+    moved = context.clone()
+    moved[3] += torch.randn(module.hidden_size, generator=gen)
+    features = module.preprocess(DOCS)
+    with torch.no_grad():
+        before = module(dict(features), dataset_embeddings=context, context_mask=mask)["sentence_embedding"]
+        after = module(dict(features), dataset_embeddings=moved, context_mask=mask)["sentence_embedding"]
+    change = (after - before).abs().max(dim=1).values
+    hides = ~mask[:, 3]
+    assert change[hides].max() <= 1e-6
+    assert change[~hides].min() > 1e-5
+
+
+@pytest.mark.parametrize("attention", ["joint", "cached"])
+def test_gated_row_that_hides_every_slot_reads_nothing(make_tiny_cde, attention):
+    """With the gate, a row that may read no slot is its encoder's text-only embedding, with finite gradients."""
+    model = make_tiny_cde(context_size=4, context_gate=True, context_attention=attention, output_head="none")
+    module = model.contextual_module
+    with torch.no_grad():
+        module.gates.fill_(0.7)
+    context = torch.randn(4, module.hidden_size, generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    mask[1] = False
+    features = module.preprocess(DOCS[:2])
+    out = module(dict(features), dataset_embeddings=context.requires_grad_(), context_mask=mask)["sentence_embedding"]
+    out.sum().backward()
+    assert torch.isfinite(context.grad).all() and all(
+        torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None
+    )
+    with torch.no_grad():
+        module.gates.zero_()
+        text_only = module(dict(features), dataset_embeddings=context.detach())["sentence_embedding"]
+    assert (out[1].detach() - text_only[1]).abs().max() <= 1e-5
+    assert (out[0].detach() - text_only[0]).abs().max() > 1e-4
+
+
+def test_context_mask_is_checked(make_tiny_cde):
+    model = make_tiny_cde(context_size=4, context_attention="cached")
+    module = model.contextual_module
+    features = module.preprocess(DOCS[:2])
+    context = torch.randn(3, module.hidden_size)
+    with pytest.raises(ValueError, match="context_mask must be"):
+        module(dict(features), dataset_embeddings=context, context_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="needs the context"):
+        module(dict(features), context_mask=torch.ones(2, 3, dtype=torch.bool))
 
 
 def test_context_layers_are_checked(make_tiny_cde):

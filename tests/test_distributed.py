@@ -120,7 +120,7 @@ def _reference(tiny_bert_dir: str, mode: str) -> dict[str, torch.Tensor]:
         columns = _columns(model, rank)
         for side, vectors in enumerate(loss._guide_embeddings([dict(c) for c in columns])):
             guide_reps[side].append(vectors)
-        context = loss._embed_context(module, loss._context_features(module, columns[1]))
+        context = loss._embed_context(module, loss._context_features(module, columns[1])[0])
         for side, column in enumerate(columns):
             reps[side].append(model(dict(column), dataset_embeddings=context)["sentence_embedding"])
         rows = len(RANK_ROWS[rank])

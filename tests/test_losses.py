@@ -300,9 +300,9 @@ def test_context_is_seeded_by_batch_content(make_tiny_cde):
     loss = FilteredInfoNCELoss(model, guide=False)
     m = contextual_module(model)
     docs = model.preprocess(DOCS, prompt="search_document: ")
-    first = loss._context_features(m, docs)
-    again = loss._context_features(m, dict(docs))
-    other = loss._context_features(m, model.preprocess(DOCS[::-1], prompt="search_document: "))
+    first = loss._context_features(m, docs)[0]
+    again = loss._context_features(m, dict(docs))[0]
+    other = loss._context_features(m, model.preprocess(DOCS[::-1], prompt="search_document: "))[0]
     assert torch.equal(first["input_ids"], again["input_ids"])
     assert first["input_ids"].shape[0] == 4
     assert not torch.equal(first["input_ids"], other["input_ids"])
@@ -382,6 +382,44 @@ def test_context_larger_batch_than_slots_cached_equals_uncached(make_tiny_cde):
     _, grads_c = _gradients(model, FilteredInfoNCELoss(model, guide=False, mini_batch_size=4), columns)
     assert "0.null_vector" not in grads_d  # all 5 slots hold documents
     _assert_same_gradients(grads_d, grads_c, rtol=F32_TOL)
+
+
+@pytest.mark.parametrize("mode", ["joint", "joint-gate", "cached-gate-top-layer"])
+def test_leave_one_out_cached_equals_uncached(make_tiny_cde, tiny_guide, mode):
+    """leave_one_out hides each pair's own document (and its copy) from the pair; gradient caching replays the
+    same per-row masks."""
+    model = make_tiny_cde(context_size=16, sequence_dropout=0.0, **ATTENTION_MODES[mode]).to(torch.float64)
+    if model.contextual_module.gates is not None:
+        with torch.no_grad():
+            model.contextual_module.gates.uniform_(0.2, 0.8, generator=torch.Generator().manual_seed(0))
+    model.train()
+    columns = _columns(model, negatives=True, duplicate=True)
+    direct = FilteredInfoNCELoss(model, guide=tiny_guide, leave_one_out=True)
+    cached = FilteredInfoNCELoss(
+        model, guide=tiny_guide, leave_one_out=True, mini_batch_size=5, context_mini_batch_size=3
+    )
+    _, mask = direct._context_features(model.contextual_module, dict(columns[1]))
+    hidden = {(int(i), int(j)) for i, j in (~mask).nonzero()}
+    assert hidden == {(i, i) for i in range(12)} | {(2, DUPLICATE), (DUPLICATE, 2)}
+    value_d, grads_d = _gradients(model, direct, columns)
+    value_c, grads_c = _gradients(model, cached, columns)
+    value_p, grads_p = _gradients(model, FilteredInfoNCELoss(model, guide=tiny_guide), columns)
+    torch.testing.assert_close(value_c, value_d, rtol=F64_TOL, atol=F64_TOL)
+    _assert_same_gradients(grads_d, grads_c, rtol=F64_TOL)
+    assert (value_p - value_d).abs() > 1e-6  # the masks change the loss
+
+
+def test_leave_one_out_follows_the_sampled_slots(make_tiny_cde):
+    """12 documents in 5 slots: each slot is hidden from exactly the pair whose document it holds."""
+    model = make_tiny_cde(context_size=5)
+    loss = FilteredInfoNCELoss(model, guide=False, leave_one_out=True)
+    docs = model.preprocess(DOCS[:12], prompt="search_document: ")
+    context, mask = loss._context_features(model.contextual_module, dict(docs))
+    assert mask.shape == (12, 5)
+    width = context["input_ids"].shape[1]
+    for s in range(5):
+        owners = (docs["input_ids"][:, :width] == context["input_ids"][s]).all(dim=1)
+        assert torch.equal(~mask[:, s], owners) and owners.sum() == 1
 
 
 class _RecordingLoss(FilteredInfoNCELoss):
@@ -637,11 +675,11 @@ def test_context_dropout_draws_partial_and_empty_contexts(make_tiny_cde):
     model.train()
     docs = model.preprocess(DOCS[:12], prompt="search_document: ")
     loss = FilteredInfoNCELoss(model, guide=False, context_dropout=0.5)
-    sizes = [loss._context_features(model.contextual_module, docs)["input_ids"].shape[0] for _ in range(60)]
+    sizes = [loss._context_features(model.contextual_module, docs)[0]["input_ids"].shape[0] for _ in range(60)]
     assert sizes.count(12) > 10 and 0 in sizes and all(0 <= s <= 12 for s in sizes)
     assert len(set(sizes)) > 5  # J' varies from batch to batch
     model.eval()  # never at evaluation
-    assert loss._context_features(model.contextual_module, docs)["input_ids"].shape[0] == 12
+    assert loss._context_features(model.contextual_module, docs)[0]["input_ids"].shape[0] == 12
     with pytest.raises(ValueError, match="context_dropout"):
         FilteredInfoNCELoss(model, guide=False, context_dropout=1.5)
 
@@ -660,7 +698,7 @@ def test_context_dropout_cached_equals_uncached(make_tiny_cde, tiny_guide, targe
     # find a call whose draw gives the wanted context size, then put both losses on it
     for call in range(200):
         direct._context_calls = call
-        n = direct._context_features(model.contextual_module, dict(columns[1]))["input_ids"].shape[0]
+        n = direct._context_features(model.contextual_module, dict(columns[1]))[0]["input_ids"].shape[0]
         if (n == 0) if target == "empty" else (0 < n < 12):
             break
     direct._context_calls = cached._context_calls = call

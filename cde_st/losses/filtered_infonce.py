@@ -110,6 +110,23 @@ def false_negative_mask(
     return mask
 
 
+def batch_context_rows(num_documents: int, context_size: int, seed: int = 0) -> Tensor:
+    """Which of a batch's ``num_documents`` documents fill its context, in slot order: all of them when they fit,
+    else ``context_size`` sampled without replacement with :func:`cde_st.context.sample_indices` (seeded; batch
+    order kept)."""
+    if num_documents > context_size:
+        return torch.as_tensor(sample_indices(num_documents, context_size, seed))
+    return torch.arange(num_documents)
+
+
+def context_visibility(document_features: dict[str, Any], rows: Tensor) -> Tensor:
+    """(B, J') bool: may pair i read context slot s? False where the slot holds pair i's own document (or a copy
+    of it, compared token by token), so a query cannot find its positive in the context (leave-one-out)."""
+    ids = document_features["input_ids"].masked_fill(document_features["attention_mask"] == 0, 0)
+    _, group = torch.unique(ids, dim=0, return_inverse=True)  # equal documents share a group
+    return group[:, None] != group[rows.to(group.device)][None, :]
+
+
 def batch_context(
     document_features: dict[str, Any],
     context_size: int,
@@ -144,7 +161,7 @@ def batch_context(
     n = ids.shape[0]
     features = {k: document_features[k] for k in _CONTEXT_KEYS if isinstance(document_features.get(k), Tensor)}
     if n > context_size:
-        keep = torch.as_tensor(sample_indices(n, context_size, seed), device=ids.device)
+        keep = batch_context_rows(n, context_size, seed).to(ids.device)
         features = {k: v.index_select(0, keep) for k, v in features.items()}
         mask = features["attention_mask"]
     if max_length is not None and mask.shape[1] > max_length:
@@ -206,6 +223,11 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
             its n documents, the remaining slots null (not in the paper). Teaches the model partial and empty
             contexts, so that it stays a good bi-encoder with J = 0 instead of collapsing. The draw is seeded by
             the batch's tokens and a call counter, so the cached and uncached paths see the same context.
+        leave_one_out: hide from every row of pair i the context slot that holds its own document d_i (not in
+            the paper). Without it the training context contains each query's positive, which the query can read
+            (a shortcut that does not exist at test time, where the context is a sample of the corpus). In
+            ``context_attention="cached"`` mode the slot is hidden from the text; the other context rows, which
+            attend to it inside the context, still carry some of it.
         gather_across_devices: under data-parallel training (torchrun / accelerate launch), also use every other
             rank's queries, documents and hard negatives as candidates (cross-rank negatives; each rank keeps its
             own batch's context). Off by default, as in the paper: a clustered batch's negatives are the hard ones,
@@ -285,6 +307,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         context_seed: int = 0,
         context_dropout: float = 0.0,
         gather_across_devices: bool = False,
+        leave_one_out: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 <= context_dropout <= 1.0:
@@ -302,6 +325,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         self.bidirectional = bidirectional
         self.context_seed = context_seed
         self.context_dropout = context_dropout
+        self.leave_one_out = leave_one_out
         self.gather_across_devices = gather_across_devices
         self._context_calls = 0
         self._warned_unprompted_context = False
@@ -379,10 +403,13 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
             out.append(F.normalize(torch.cat(vectors), dim=-1).to(feature["input_ids"].device))
         return out
 
-    def _context_features(self, module: ContextualTransformer, documents: dict[str, Any]) -> dict[str, Tensor] | None:
-        """The batch's context: first-stage inputs from the document column (see :func:`batch_context`)."""
+    def _context_features(
+        self, module: ContextualTransformer, documents: dict[str, Any]
+    ) -> tuple[dict[str, Tensor] | None, Tensor | None]:
+        """The batch's context: first-stage inputs from the document column (see :func:`batch_context`), and with
+        ``leave_one_out`` the (B, J') mask of the slots each pair may read (see :func:`context_visibility`)."""
         if module.context_size == 0:
-            return None
+            return None, None
         if not self._warned_unprompted_context and not _carries_prompt(documents, module):
             logger.warning(
                 "The document column carries no prompt, so the training context is built from unprefixed documents, "
@@ -393,10 +420,11 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         ids = documents["input_ids"]
         digest = hashlib.blake2b(ids.detach().cpu().numpy().tobytes(), digest_size=8).digest()
         batch_seed = int.from_bytes(digest, "little") ^ self.context_seed
+        seed = batch_seed if ids.shape[0] > module.context_size else self.context_seed
         context = batch_context(
             documents,
             module.context_size,
-            seed=batch_seed if ids.shape[0] > module.context_size else self.context_seed,
+            seed=seed,
             max_length=module.context_max_seq_length,
             end_token_id=module.tokenizer.sep_token_id,
         )
@@ -407,7 +435,11 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
             if rng.random() < self.context_dropout:
                 keep = int(rng.integers(0, n))  # J' < n real documents; the model fills the rest with null
                 context = {k: v[:keep] for k, v in context.items()}
-        return context
+        num_slots = context["input_ids"].shape[0]
+        if not self.leave_one_out or num_slots == 0:
+            return context, None
+        rows = batch_context_rows(ids.shape[0], module.context_size, seed)[:num_slots]
+        return context, context_visibility(documents, rows)
 
     def _embed_context(self, module: ContextualTransformer, features: dict[str, Tensor]) -> Tensor:
         """First stage on a batch's context features; an empty context (context dropout) is (0, d)."""
@@ -436,13 +468,17 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         copy_random_state: bool,
         random_state: RandContext | None = None,
         dataset_embeddings: Tensor | None = None,
+        context_mask: Tensor | None = None,
     ) -> tuple[Tensor, RandContext | None]:
         """Second stage on rows ``begin:end`` of a column, against the (J, d) context ``dataset_embeddings``
-        (a keyword, not a feature: the mini-batch slicer would cut a context tensor into row chunks)."""
+        (a keyword, not a feature: the mini-batch slicer would cut a context tensor into row chunks), of which
+        row i may read the slots where the column's (B, J) ``context_mask`` is True (None: all)."""
         grad_context = nullcontext if with_grad else torch.no_grad
         random_state_context = nullcontext() if random_state is None else random_state
         minibatch = _create_minibatch(sentence_feature, begin, end)
         kwargs = {} if dataset_embeddings is None else {"dataset_embeddings": dataset_embeddings}
+        if context_mask is not None:
+            kwargs["context_mask"] = context_mask[begin:end]
         with random_state_context:
             with grad_context():
                 random_state = RandContext(*minibatch.values()) if copy_random_state else None
@@ -457,6 +493,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         random_states: list[RandContext] | None = None,
         ranges: list[tuple[int, int]] | None = None,
         dataset_embeddings: Tensor | None = None,
+        context_mask: Tensor | None = None,
     ) -> Iterator[tuple[Tensor, RandContext | None]]:
         """Second stage over every mini-batch of a column (the contract of ST's ``_backward_hook``)."""
         if ranges is None:
@@ -470,6 +507,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
                 copy_random_state=copy_random_state,
                 random_state=None if random_states is None else random_states[i],
                 dataset_embeddings=dataset_embeddings,
+                context_mask=context_mask,
             )
 
     def _second_stage_chunk(self, feature: dict[str, Any]) -> int:
@@ -571,10 +609,12 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         module = self._contextual_module()
         # Before any forward: modules may edit the features in place (Pooling(include_prompt=False) masks prompts).
         guide_reps = self._guide_embeddings(features) if self._guide else None
-        context_features = self._context_features(module, features[1]) if module is not None else None
+        context_features, context_mask = None, None
+        if module is not None:
+            context_features, context_mask = self._context_features(module, features[1])
         if self.cached:
-            return self._forward_cached(features, labels, module, context_features, guide_reps)
-        return self._forward_direct(features, labels, module, context_features, guide_reps)
+            return self._forward_cached(features, labels, module, context_features, context_mask, guide_reps)
+        return self._forward_direct(features, labels, module, context_features, context_mask, guide_reps)
 
     def _forward_direct(
         self,
@@ -582,6 +622,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         labels: Tensor | None,
         module: ContextualTransformer | None,
         context_features: dict[str, Tensor] | None,
+        context_mask: Tensor | None,
         guide_reps: list[Tensor] | None,
     ) -> Tensor:
         """No caching: one pass per stage, graphs kept. The loss still back-propagates from a hook (like the cached
@@ -589,6 +630,8 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         kwargs = {}
         if context_features is not None:
             kwargs["dataset_embeddings"] = self._embed_context(module, context_features)  # (J', d)
+        if context_mask is not None:
+            kwargs["context_mask"] = context_mask  # the same rows in every column
         reps = [self._net(feature, **kwargs)["sentence_embedding"] for feature in features]
         if not torch.is_grad_enabled():
             return self.calculate_loss([[r] for r in reps], labels, guide_reps=guide_reps)
@@ -605,6 +648,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
         labels: Tensor | None,
         module: ContextualTransformer | None,
         context_features: dict[str, Tensor] | None,
+        context_mask: Tensor | None,
         guide_reps: list[Tensor] | None,
     ) -> Tensor:
         """Two-stage GradCache, see the module docstring."""
@@ -638,6 +682,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
                 copy_random_state=grad_enabled,
                 ranges=column_ranges,
                 dataset_embeddings=context,
+                context_mask=context_mask,
             ):
                 column_reps.append(reps_mb.detach().requires_grad_())
                 column_states.append(state)
@@ -663,6 +708,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
                 ranges=ranges,
                 module=module,
                 context=context,
+                context_mask=context_mask,
                 context_features=context_features,
                 context_ranges=context_ranges,
                 context_states=context_states,
@@ -687,6 +733,7 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
             "context_seed": self.context_seed,
             "context_dropout": self.context_dropout,
             "gather_across_devices": self.gather_across_devices,
+            "leave_one_out": self.leave_one_out,
         }
 
     @property
@@ -744,15 +791,16 @@ def _direct_backward_hook(
 
 
 class _ContextReplay:
-    """Adapter for ST's ``_backward_hook``: replays the second stage against one fixed context leaf."""
+    """Adapter for ST's ``_backward_hook``: replays the second stage against one fixed context leaf (and mask)."""
 
-    def __init__(self, loss: FilteredInfoNCELoss, context: Tensor | None) -> None:
+    def __init__(self, loss: FilteredInfoNCELoss, context: Tensor | None, context_mask: Tensor | None) -> None:
         self.loss = loss
         self.model = loss._net  # not the DDP wrapper: ST's hook would synchronise before the first stage replays
         self.context = context
+        self.context_mask = context_mask
 
     def embed_minibatch_iter(self, **kwargs) -> Iterator[tuple[Tensor, RandContext | None]]:
-        return self.loss.embed_minibatch_iter(**kwargs, dataset_embeddings=self.context)
+        return self.loss.embed_minibatch_iter(**kwargs, dataset_embeddings=self.context, context_mask=self.context_mask)
 
 
 def _two_stage_backward_hook(
@@ -764,6 +812,7 @@ def _two_stage_backward_hook(
     ranges: list[list[tuple[int, int]]],
     module: ContextualTransformer | None,
     context: Tensor | None,
+    context_mask: Tensor | None,
     context_features: dict[str, Tensor] | None,
     context_ranges: list[tuple[int, int]],
     context_states: list[RandContext],
@@ -771,7 +820,9 @@ def _two_stage_backward_hook(
     """Step 3: replay M2 chunk by chunk (ST's hook; the context leaf accumulates d loss / d context over all
     chunks and columns), then replay M1 chunk by chunk with that gradient."""
     context_leaf = None if context is None else context.detach().requires_grad_()
-    _backward_hook(grad_output, features, _ContextReplay(loss_obj, context_leaf), cache, random_states, ranges)
+    _backward_hook(
+        grad_output, features, _ContextReplay(loss_obj, context_leaf, context_mask), cache, random_states, ranges
+    )
     if context_leaf is not None and context_leaf.grad is not None:
         context_grad = context_leaf.grad  # (J', d), already scaled by grad_output
         with torch.enable_grad():

@@ -140,6 +140,7 @@ class BackboneAdapter:
         cached: list[tuple[torch.Tensor, torch.Tensor] | None] | None,
         gates: torch.Tensor | None,
         read_layers: list[int] | None = None,
+        prefix_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Encode (B, L, d) text against a (P, d) prefix with cde_st's own attention variants -> (B, L, d).
 
@@ -149,11 +150,16 @@ class BackboneAdapter:
         tanh(gate), added to their text-only attention; zero gates give exactly the plain encoder on the text.
         Sliding-window layers apply their window among text tokens; the prefix stays visible to every row.
         ``read_layers``: the layers whose text rows read the prefix (None: all); the others attend to the text only.
+        ``prefix_mask`` (B, P) bool or None: which prefix rows each text may read (None: all).
         """
         batch, length, text_mask = text.shape[0], text.shape[1], text_mask.bool()
         prefix = None if cached is not None else context.unsqueeze(0).expand(batch, -1, -1)
         keys_valid = text_mask[:, None, None, :]  # (B, 1, 1, L)
-        prefix_valid = text_mask.new_ones(batch, 1, 1, context.shape[0])
+        if prefix_mask is None:
+            prefix_valid = None
+            joint_prefix = text_mask.new_ones(batch, 1, 1, context.shape[0])
+        else:
+            prefix_valid = joint_prefix = prefix_mask.bool()[:, None, None, :]  # (B, 1, 1, P)
         offsets = torch.arange(length, device=text.device)
         hidden = text
         for i, layer in enumerate(self._layers(model)):
@@ -165,7 +171,7 @@ class BackboneAdapter:
             q, k, v = self._qkv(layer, hidden, self._text_rope(model, layer, hidden))
             if cached is None:  # joint: the prefix rows advance through every layer, attending to the text too
                 q_pre, k_pre, v_pre = self._qkv(layer, prefix, None)
-                joint = torch.cat([prefix_valid, keys_valid], dim=-1)
+                joint = torch.cat([joint_prefix, keys_valid], dim=-1)
                 attended = F.scaled_dot_product_attention(
                     q_pre, torch.cat([k_pre, k], 2), torch.cat([v_pre, v], 2), attn_mask=joint, dropout_p=p
                 )
@@ -176,7 +182,7 @@ class BackboneAdapter:
                 if cached is not None:
                     k_pre, v_pre = cached[i]  # (1, H, P, hd), shared by the batch
                 gate = None if gates is None else gates[i]
-                attended = _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, p)
+                attended = _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, p, prefix_valid)
             hidden = self._finish(layer, attended, hidden)
         return self._final(model, hidden)
 
@@ -191,23 +197,33 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1)
 
 
-def _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, dropout_p):
+def _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, dropout_p, prefix_keys=None):
     """Attention of text queries over [prefix ; text] keys. (B, H, L, hd) each; prefix (B, H, P, hd); ``text_keys``
-    (B, 1, 1 or L, L) says which text keys each query may see (padding, sliding window).
+    (B, 1, 1 or L, L) says which text keys each query may see (padding, sliding window); ``prefix_keys``
+    (B, 1, 1, P) or None (all) which prefix keys.
 
     Without a gate: one softmax over prefix and text keys. With a gate (H,): a text-only softmax plus tanh(gate)
-    times a prefix-only softmax (zero-init attention adapters)."""
+    times a prefix-only softmax (zero-init attention adapters); a row that may read no prefix key reads nothing."""
     if gate is None:
         if k_pre.shape[0] != q.shape[0]:
             k_pre, v_pre = (t.expand(q.shape[0], -1, -1, -1) for t in (k_pre, v_pre))
         keys, values = torch.cat([k_pre, k], dim=2), torch.cat([v_pre, v], dim=2)
-        prefix_keys = text_keys.new_ones(*text_keys.shape[:3], k_pre.shape[2])
+        if prefix_keys is None:
+            prefix_keys = text_keys.new_ones(*text_keys.shape[:3], k_pre.shape[2])
         mask = torch.cat([prefix_keys.expand(-1, -1, text_keys.shape[2], -1), text_keys], dim=-1)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout_p)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=text_keys, dropout_p=dropout_p)
     if k_pre.shape[2] == 0:
         return out
-    if k_pre.shape[0] == 1 and q.shape[0] > 1:
+    if prefix_keys is not None:
+        # Per-row visibility: a row with no visible key gets an all-visible mask (no NaN, in either pass) and a
+        # zero read.
+        reads_any = prefix_keys.any(dim=-1, keepdim=True)  # (B, 1, 1, 1)
+        if k_pre.shape[0] != q.shape[0]:
+            k_pre, v_pre = (t.expand(q.shape[0], -1, -1, -1) for t in (k_pre, v_pre))
+        read = F.scaled_dot_product_attention(q, k_pre, v_pre, attn_mask=prefix_keys | ~reads_any, dropout_p=dropout_p)
+        read = torch.where(reads_any, read, torch.zeros_like(read))
+    elif k_pre.shape[0] == 1 and q.shape[0] > 1:
         # One context for the whole batch (cached): fold the batch into the query axis instead of copying the
         # context's keys/values B times.
         batch, heads, length, head_dim = q.shape

@@ -304,7 +304,7 @@ class ContextualTransformer(InputModule):
         "context_gate",
         "context_layers",
     ]
-    forward_kwargs = {"dataset_embeddings"}
+    forward_kwargs = {"dataset_embeddings", "context_mask"}
 
     def __init__(
         self,
@@ -734,8 +734,7 @@ class ContextualTransformer(InputModule):
             vectors = self.null_vector.new_zeros(0, self.hidden_size).to(dtype)
         n_missing = self.context_size - vectors.shape[0]
         if n_missing > 0 and self.context_padding == "tile" and len(vectors):
-            # the same even repetition set_context uses for a small corpus
-            vectors = vectors[torch.as_tensor(sample_indices(len(vectors), self.context_size, seed=0))]
+            vectors = vectors[self._tile_index(len(vectors))]
         elif n_missing > 0:
             vectors = torch.cat([vectors, self.null_vector.to(dtype).expand(n_missing, -1)])
         if self.training and self.sequence_dropout > 0 and self.context_size > 0:
@@ -743,12 +742,41 @@ class ContextualTransformer(InputModule):
             vectors = torch.where(drop.unsqueeze(-1), self.null_vector.to(dtype).expand_as(vectors), vectors)
         return vectors
 
+    def _tile_index(self, n: int) -> torch.Tensor:
+        """Which of n given vectors fills each of the J slots under ``context_padding="tile"``: the same even
+        repetition set_context uses for a small corpus."""
+        return torch.as_tensor(sample_indices(n, self.context_size, seed=0), device=self.device)
+
+    def _prefix_mask(self, context_mask: torch.Tensor, num_given: int, batch: int, num_prefix: int) -> torch.Tensor:
+        """(B, J') per-row visibility of the given context vectors -> (B, P) visibility of every prefix slot:
+        null-padding and soft-prompt slots are always visible, tiled slots follow the vector they repeat."""
+        if context_mask.dim() != 2 or tuple(context_mask.shape) != (batch, num_given):
+            raise ValueError(
+                f"context_mask must be (batch, context vectors) = ({batch}, {num_given}), "
+                f"got {tuple(context_mask.shape)}."
+            )
+        mask = context_mask.to(device=self.device, dtype=torch.bool)
+        if num_given < self.context_size and self.context_padding == "tile" and num_given:
+            mask = mask[:, self._tile_index(num_given)]
+        return torch.cat([mask, mask.new_ones(batch, num_prefix - mask.shape[1])], dim=1)
+
     # ------------------------------------------------------------------ second stage
     def forward(
-        self, features: dict[str, torch.Tensor], dataset_embeddings: torch.Tensor | None = None, **kwargs
+        self,
+        features: dict[str, torch.Tensor],
+        dataset_embeddings: torch.Tensor | None = None,
+        context_mask: torch.Tensor | None = None,
+        **kwargs,
     ) -> dict[str, torch.Tensor]:
         """Second stage: (B, L) ids + (J, d2) context -> ``sentence_embedding`` (B, d2), ``token_embeddings``
-        (B, L, d2) of the text positions only."""
+        (B, L, d2) of the text positions only.
+
+        ``context_mask`` (B, J') bool, with ``dataset_embeddings`` (J', d2): which context vectors each row may
+        read (training hides a pair's own document from it, see ``FilteredInfoNCELoss(leave_one_out=True)``).
+        In cached mode it hides the slot's keys/values; the other slots, which attended to it inside the
+        context, are not recomputed."""
+        if context_mask is not None and dataset_embeddings is None:
+            raise ValueError("context_mask needs the context it masks: pass dataset_embeddings as well.")
         input_ids, attention_mask = features["input_ids"], features["attention_mask"]
         adapter, backbone = self.second_adapter, self.second_stage
         if self.embed_joint_sequence:
@@ -760,16 +788,23 @@ class ContextualTransformer(InputModule):
         if self.soft_prompt is not None:
             prefix = torch.cat([prefix, self.soft_prompt().to(text.dtype)])  # (J + n_prompt, d2)
         batch, num_prefix = input_ids.shape[0], prefix.shape[0]
+        prefix_mask = None
+        if context_mask is not None:
+            prefix_mask = self._prefix_mask(context_mask, len(dataset_embeddings), batch, num_prefix)
         if self._split_attention:
             cached = None
             if self.context_attention == "cached":
                 cached = self._cached_states(prefix, reusable=dataset_embeddings is None and not self.training)
-            out = adapter.encode_split(backbone, prefix, text, attention_mask, cached, self.gates, self.context_layers)
+            out = adapter.encode_split(
+                backbone, prefix, text, attention_mask, cached, self.gates, self.context_layers, prefix_mask
+            )
         else:
             hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, P + L, d2)
             if self.embed_joint_sequence:
                 hidden = adapter.embed_sequence(backbone, hidden)
-            joint_mask = torch.cat([attention_mask.new_ones(batch, num_prefix), attention_mask], dim=1)
+            if prefix_mask is None:
+                prefix_mask = attention_mask.new_ones(batch, num_prefix)
+            joint_mask = torch.cat([prefix_mask.to(attention_mask.dtype), attention_mask], dim=1)
             positions = self._position_ids(num_ctx, num_prefix, input_ids.shape[1], input_ids.device)
             out = adapter.encode(backbone, hidden, joint_mask, positions, num_prefix, self.local_attention_scope)
             out = out[:, num_prefix:]
