@@ -318,7 +318,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         # (zero-initialised context gate, cached context read by the top 3 of 6 layers, no added heads), learns
         # partial and empty contexts, so it holds its quality at every J (J = 0: 65.2 vs 34.0 for the plain joint
         # recipe), is within 0.21 of joint attention on SciFact over three seeds, and encodes at 0.87-0.90x the
-        # bi-encoder's speed at J = 512. It does not beat the bi-encoder baseline (--set model=biencoder) yet.
+        # bi-encoder's speed at J = 512. It does not beat the bi-encoder baseline (--set model=biencoder) yet; what
+        # was tried against that (data mix, all 30k pairs, leave_one_out) is in docs/RESULTS.md, issue 11.
         model_config={
             "context_gate": True,
             "context_attention": "cached",
