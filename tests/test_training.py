@@ -29,6 +29,17 @@ def test_presets_and_config_files(tmp_path):
         TrainConfig.from_file(tmp_path / "missing.yaml")
 
 
+def test_shipped_config_files_load():
+    from pathlib import Path
+
+    folder = Path(__file__).parents[1] / "train" / "configs"
+    configs = {path.name: TrainConfig.from_file(path) for path in sorted(folder.glob("*.yaml"))}
+    assert {"mini_contextual.yaml", "mini_contextual_j512.yaml"} <= set(configs)
+    big, mini = configs["mini_contextual_j512.yaml"], TrainConfig.from_preset("mini")
+    assert (big.context_size, big.batch_size, big.cluster_size, big.max_pairs) == (512, 512, 512, None)
+    assert big.model_config == mini.model_config and big.context_dropout == mini.context_dropout
+
+
 def test_load_pairs_jsonl_domains_exclusion_and_prompts(tmp_path):
     rows_a = [{"query": f"qa{i}", "document": f"da{i}", "domain": "a"} for i in range(5)]
     rows_b = [{"query": f"qb{i}", "document": f"db{i}"} for i in range(3)]  # no domain column: file name
