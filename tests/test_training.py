@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,8 +31,6 @@ def test_presets_and_config_files(tmp_path):
 
 
 def test_shipped_config_files_load():
-    from pathlib import Path
-
     folder = Path(__file__).parents[1] / "train" / "configs"
     configs = {path.name: TrainConfig.from_file(path) for path in sorted(folder.glob("*.yaml"))}
     assert {"mini_contextual.yaml", "mini_contextual_j512.yaml"} <= set(configs)
