@@ -20,7 +20,7 @@ from sentence_transformers.sentence_transformer.modules import Normalize
 
 from cde_st.context import ContextInfo
 from cde_st.model_card import ContextualModelCardData, refresh_contextual_section
-from cde_st.modules.contextual_transformer import ContextualTransformer, check_backend
+from cde_st.modules.contextual_transformer import ContextualTransformer, check_backend, read_source_pipeline
 from cde_st.released import ALIASES as RELEASED_ALIASES
 from cde_st.released import PROMPTS as RELEASED_PROMPTS
 from cde_st.released import is_released_checkpoint, load_released, resolve_name
@@ -179,9 +179,15 @@ class ContextualSentenceTransformer(SentenceTransformer):
         context_size: int = 512,
         prompts: dict[str, str] | None = None,
         device: str | None = None,
+        normalize: bool | None = None,
         **config,
     ) -> ContextualSentenceTransformer:
         """Build M1 and M2 from the same pretrained encoder (HF id/folder or sentence-transformers folder).
+
+        ``normalize``: end with a Normalize module (unit-length embeddings). None (default): exactly when the
+        source sentence-transformers model does (all-MiniLM-L6-v2 does; a plain HF encoder does not), so the new
+        model's embeddings have the norms of its source's, which k-means clustering and logistic-regression
+        classification (MTEB) see.
 
         ``config`` holds any :class:`ContextualTransformer` field (``sequence_dropout``, ``output_head``,
         ``include_prompt``, ``max_seq_length``, ``query_prompt``, ``document_prompt``, ...).
@@ -189,7 +195,10 @@ class ContextualSentenceTransformer(SentenceTransformer):
         module = ContextualTransformer.from_encoder(name_or_path, context_size=context_size, **config)
         if prompts is None:
             prompts = {"query": module.query_prompt, "document": module.document_prompt}
-        return cls(modules=[module], prompts=prompts, device=device)
+        if normalize is None:
+            normalize = read_source_pipeline(name_or_path).normalize
+        modules = [module, Normalize()] if normalize else [module]
+        return cls(modules=modules, prompts=prompts, device=device)
 
     def _update_default_model_id(self, model_card: str) -> str:
         # save() reuses the card read from a loaded folder: refresh its cde_st section, which must describe the

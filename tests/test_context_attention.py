@@ -262,9 +262,9 @@ def test_gated_minilm_starts_as_minilm(minilm):
             minilm, context_size=8, prompts={}, context_gate=True, context_attention=attention
         )
         model.eval()
-        assert np.abs(model.encode(DOCS, normalize_embeddings=True) - expected).max() <= 1e-5
+        assert np.abs(model.encode(DOCS) - expected).max() <= 1e-5
         model.set_context(DOCS[:3])  # partial: 3 real documents tiled to 8 slots
-        assert np.abs(model.encode(DOCS, normalize_embeddings=True) - expected).max() <= 1e-5
+        assert np.abs(model.encode(DOCS) - expected).max() <= 1e-5
         partial = model.embed_context(DOCS)[:5]  # 5 real vectors + 3 null slots
-        got = model.encode(DOCS, normalize_embeddings=True, dataset_embeddings=partial)
+        got = model.encode(DOCS, dataset_embeddings=partial)
         assert np.abs(got - expected).max() <= 1e-5

@@ -237,8 +237,41 @@ def test_minilm_with_empty_context_equals_plain_minilm(minilm):
     model = ContextualSentenceTransformer.from_encoder(minilm, context_size=0, prompts={})
     assert model.max_seq_length == base.max_seq_length == 256
     expected = base.encode(DOCS)
-    got = model.encode_document(DOCS, normalize_embeddings=True)
+    got = model.encode_document(DOCS)  # MiniLM ends with Normalize, and so does the model built from it
     np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_from_encoder_keeps_the_source_normalisation(minilm, tiny_bert_dir, tmp_path):
+    """Unit-length output exactly when the source sentence-transformers model normalises (k-means clustering and
+    logistic-regression classification see the norms), or when asked; the choice survives save/load."""
+    from sentence_transformers.base.modules import Normalize
+
+    normalised = ContextualSentenceTransformer.from_encoder(minilm, context_size=2, prompts={})
+    assert isinstance(normalised[-1], Normalize)
+    norms = np.linalg.norm(normalised.encode(DOCS[:3]), axis=1)
+    np.testing.assert_allclose(norms, 1.0, atol=1e-5)
+    normalised.save(str(tmp_path / "m"))
+    assert isinstance(ContextualSentenceTransformer(str(tmp_path / "m"))[-1], Normalize)
+
+    raw = ContextualSentenceTransformer.from_encoder(minilm, context_size=2, prompts={}, normalize=False)
+    assert len(raw) == 1
+    assert np.linalg.norm(raw.encode(DOCS[:3]), axis=1).min() > 1.5  # MiniLM's mean-pooled norms are ~3-7
+    # A plain HF folder has no sentence-transformers pipeline: mean pooling, no Normalize (as SentenceTransformer).
+    assert len(ContextualSentenceTransformer.from_encoder(tiny_bert_dir, context_size=2)) == 1
+    assert len(ContextualSentenceTransformer.from_encoder(tiny_bert_dir, context_size=2, normalize=True)) == 2
+
+
+def test_from_encoder_warns_on_a_source_that_does_not_mean_pool(tiny_bert_dir, tmp_path):
+    """The second stage mean-pools: a CLS-pooling source would silently not be reproduced at step 0."""
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    transformer = Transformer(tiny_bert_dir)
+    cls_source = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "cls")])
+    cls_source.save(str(tmp_path / "cls"))
+    with pytest.warns(UserWarning, match="pools with 'cls'"):
+        model = ContextualSentenceTransformer.from_encoder(str(tmp_path / "cls"), context_size=2)
+    assert len(model) == 1
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import os
 import pickle
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from sentence_transformers.base.modules import InputModule
+from sentence_transformers.sentence_transformer.modules import Pooling
 from sentence_transformers.util import load_file_path
 from torch import nn
 from tqdm.auto import tqdm
@@ -467,7 +469,15 @@ class ContextualTransformer(InputModule):
         Weights are copied into two independent encoders (not shared), as in the paper. For a
         sentence-transformers folder the Transformer module's subfolder and ``max_seq_length`` are used.
         """
-        model_dir, st_max_len = _resolve_encoder_dir(name_or_path)
+        source = read_source_pipeline(name_or_path)
+        if source.pooling_mode != "mean":
+            warnings.warn(
+                f"{name_or_path!r} pools with {source.pooling_mode!r}; the contextual model mean-pools its second "
+                "stage, so it does not start with that encoder's embeddings.",
+                UserWarning,
+                stacklevel=2,
+            )
+        model_dir = source.model_dir
         attn = _resolve_attn_implementation(config.get("attn_implementation", "auto"))
         family = get_adapter(AutoConfig.from_pretrained(model_dir).model_type).model_kwargs
         verbosity = transformers_logging.get_verbosity()
@@ -483,7 +493,7 @@ class ContextualTransformer(InputModule):
         if "max_seq_length" not in config:
             model_max = getattr(tokenizer, "model_max_length", 512) or 512
             limit = _position_limit(second) or 512
-            config["max_seq_length"] = int(min(st_max_len or model_max, model_max, 512, limit))
+            config["max_seq_length"] = int(min(source.max_seq_length or model_max, model_max, 512, limit))
         return cls(first, second, tokenizer, **config)
 
     def __repr__(self) -> str:
@@ -1059,27 +1069,43 @@ def _own_storage(model: nn.Module) -> None:
             param.data = param.data.clone()
 
 
-def _resolve_encoder_dir(name_or_path: str) -> tuple[str, int | None]:
-    """HF folder (or hub id) of the transformer inside ``name_or_path`` and its sentence-transformers max length."""
-    if not os.path.isdir(name_or_path):
-        if os.path.isabs(name_or_path) or name_or_path.startswith((".", "~")):
-            raise FileNotFoundError(f"Encoder folder {name_or_path!r} does not exist.")
-        return name_or_path, None  # a hub id: transformers resolves (and, online, downloads) it
-    modules_path = os.path.join(name_or_path, "modules.json")
-    if not os.path.exists(modules_path):
-        return name_or_path, None
+@dataclass(frozen=True)
+class SourcePipeline:
+    """What a pretrained encoder's sentence-transformers folder does after its transformer (plain HF encoders:
+    nothing known, so mean pooling and no normalisation, as ``SentenceTransformer`` builds around them)."""
+
+    model_dir: str  # the HF folder (or hub id) of the transformer
+    max_seq_length: int | None = None  # the sentence-transformers limit, if the folder sets one
+    pooling_mode: str | tuple = "mean"
+    normalize: bool = False  # whether the source ends with a Normalize module (unit-length embeddings)
+
+
+def read_source_pipeline(name_or_path: str) -> SourcePipeline:
+    """The transformer folder, max length, pooling and normalisation of a pretrained encoder (HF or
+    sentence-transformers; local folder or hub id). The contextual model mean-pools its second stage, and
+    :meth:`ContextualSentenceTransformer.from_encoder` ends with Normalize exactly when the source does, so a model
+    built from a mean-pooling encoder starts with that encoder's embeddings, norms included."""
+    if not os.path.isdir(name_or_path) and (os.path.isabs(name_or_path) or name_or_path.startswith((".", "~"))):
+        raise FileNotFoundError(f"Encoder folder {name_or_path!r} does not exist.")
+    modules_path = load_file_path(name_or_path, "modules.json")
+    if modules_path is None:
+        return SourcePipeline(name_or_path)
     with open(modules_path, encoding="utf-8") as f:
         modules = json.load(f)
     transformer = next((m for m in modules if m["type"].endswith("Transformer")), None)
     if transformer is None:
         raise ValueError(f"{name_or_path!r} is a sentence-transformers model without a Transformer module.")
-    model_dir = os.path.join(name_or_path, transformer["path"]) if transformer["path"] else name_or_path
+    local = os.path.isdir(name_or_path)
+    model_dir = os.path.join(name_or_path, transformer["path"]) if transformer["path"] and local else name_or_path
     max_len = None
-    cfg_path = os.path.join(model_dir, "sentence_bert_config.json")
-    if os.path.exists(cfg_path):
+    cfg_path = load_file_path(name_or_path, "sentence_bert_config.json", subfolder=transformer["path"])
+    if cfg_path is not None:
         with open(cfg_path, encoding="utf-8") as f:
             max_len = json.load(f).get("max_seq_length")
-    return model_dir, max_len
+    pooling = next((m for m in modules if m["type"].endswith("Pooling")), None)
+    mode = "mean" if pooling is None else Pooling.load_config(name_or_path, subfolder=pooling["path"])["pooling_mode"]
+    normalize = any(m["type"].endswith("Normalize") for m in modules)
+    return SourcePipeline(model_dir, max_len, tuple(mode) if isinstance(mode, list) else mode, normalize)
 
 
 # A stable class reference in modules.json, independent of the file layout.
