@@ -1104,8 +1104,10 @@ def read_source_pipeline(name_or_path: str) -> SourcePipeline:
             max_len = json.load(f).get("max_seq_length")
     pooling = next((m for m in modules if m["type"].endswith("Pooling")), None)
     mode = "mean" if pooling is None else Pooling.load_config(name_or_path, subfolder=pooling["path"])["pooling_mode"]
+    if isinstance(mode, (list, tuple)):  # several modes are concatenated; one mode in a list is that mode
+        mode = mode[0] if len(mode) == 1 else tuple(mode)
     normalize = any(m["type"].endswith("Normalize") for m in modules)
-    return SourcePipeline(model_dir, max_len, tuple(mode) if isinstance(mode, list) else mode, normalize)
+    return SourcePipeline(model_dir, max_len, mode, normalize)
 
 
 # A stable class reference in modules.json, independent of the file layout.
