@@ -318,8 +318,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         # (zero-initialised context gate, cached context read by the top 3 of 6 layers, no added heads), learns
         # partial and empty contexts, so it holds its quality at every J (J = 0: 65.2 vs 34.0 for the plain joint
         # recipe), is within 0.21 of joint attention on SciFact over three seeds, and encodes at 0.87-0.90x the
-        # bi-encoder's speed at J = 512. It does not beat the bi-encoder baseline (--set model=biencoder) yet; what
-        # was tried against that (data mix, all 30k pairs, leave_one_out) is in docs/RESULTS.md, issue 11.
+        # bi-encoder's speed at J = 512. It does not beat the bi-encoder baseline (--set model=biencoder) yet: on
+        # these 4,096 pairs it is below it, on all 30k (--set max_pairs=null) level with it on SciFact and the
+        # six-task average; what was tried (data mix, leave_one_out, J = batch = 128, ...) is in docs/RESULTS.md.
         model_config={
             "context_gate": True,
             "context_attention": "cached",
