@@ -192,12 +192,11 @@ class ContextualSentenceTransformer(SentenceTransformer):
         ``config`` holds any :class:`ContextualTransformer` field (``sequence_dropout``, ``output_head``,
         ``include_prompt``, ``max_seq_length``, ``query_prompt``, ``document_prompt``, ...).
         """
-        module = ContextualTransformer.from_encoder(name_or_path, context_size=context_size, **config)
+        source = read_source_pipeline(name_or_path)
+        module = ContextualTransformer.from_encoder(name_or_path, source=source, context_size=context_size, **config)
         if prompts is None:
             prompts = {"query": module.query_prompt, "document": module.document_prompt}
-        if normalize is None:
-            normalize = read_source_pipeline(name_or_path).normalize
-        modules = [module, Normalize()] if normalize else [module]
+        modules = [module, Normalize()] if (source.normalize if normalize is None else normalize) else [module]
         return cls(modules=modules, prompts=prompts, device=device)
 
     def _update_default_model_id(self, model_card: str) -> str:

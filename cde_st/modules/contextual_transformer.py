@@ -463,13 +463,14 @@ class ContextualTransformer(InputModule):
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_encoder(cls, name_or_path: str, **config) -> ContextualTransformer:
+    def from_encoder(cls, name_or_path: str, source: SourcePipeline | None = None, **config) -> ContextualTransformer:
         """Build M1 and M2 from the same pretrained encoder (a HF model id/folder or a sentence-transformers folder).
 
         Weights are copied into two independent encoders (not shared), as in the paper. For a
         sentence-transformers folder the Transformer module's subfolder and ``max_seq_length`` are used.
+        ``source``: the :func:`read_source_pipeline` of ``name_or_path`` when the caller has already read it.
         """
-        source = read_source_pipeline(name_or_path)
+        source = read_source_pipeline(name_or_path) if source is None else source
         if source.pooling_mode != "mean":
             warnings.warn(
                 f"{name_or_path!r} pools with {source.pooling_mode!r}; the contextual model mean-pools its second "
