@@ -320,8 +320,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         # recipe), is within 0.21 of joint attention on SciFact over three seeds, and encodes at 0.87-0.90x the
         # bi-encoder's speed at J = 512. It does not beat the bi-encoder baseline (--set model=biencoder) yet: on
         # these 4,096 pairs it is below it, on all 30k (--set max_pairs=null) level with it on SciFact and the
-        # six-task average; what was tried (data mix, leave_one_out, J = batch = 128,
-        # cluster sizes, the plain joint read, in-domain pairs, ...) is in docs/RESULTS.md.
+        # six-task average; what was tried (data mix, leave_one_out, J = batch = 128, cluster sizes, the plain
+        # joint read, in-domain pairs, ...) is in docs/RESULTS.md.
         model_config={
             "context_gate": True,
             "context_attention": "cached",
