@@ -10,8 +10,9 @@
 # Environment: SIZES="64" limits the J sweep; TAG=name and EXTRA="key=value ..." train a recipe variant
 #   (e.g. TAG=no20ng EXTRA="exclude_domains=[scifact_train,twentynewsgroups]") into runs/mini-VARIANT-TAG-sSEED;
 #   EXTRA takes any TrainConfig field (items split on whitespace, so no spaces inside a value), e.g.
-#   cluster_size=1000000 (one cluster per domain) or, as an in-domain diagnostic (SciFact test is then in-domain), train_data=[../shared/data/pairs/scifact_train.jsonl.gz]
-#   exclude_domains=[] max_pairs=null num_train_epochs=5.0 (docs/RESULTS.md, issue 11, session 8);
+#   cluster_size=1000000 (one cluster per domain) or, as an in-domain diagnostic (SciFact test is then in-domain),
+#   train_data=[../shared/data/pairs/scifact_train.jsonl.gz] exclude_domains=[] max_pairs=null num_train_epochs=5.0
+#   (docs/RESULTS.md, issue 11, session 8);
 #   TABLE2=1 also scores the five cheaper Table-2 tasks (docs/RESULTS.md, issue 11).
 # Scores SciFact test NDCG@10 at max_seq_length 256 with J = 64, 0 and 16 (the context-size sweep).
 set -euo pipefail
