@@ -810,7 +810,7 @@ def test_local_folder_named_after_any_mteb_task_takes_its_settings(tmp_path, fol
     assert f"mteb task {twin}" in task.identical_ids_rule
 
 
-def test_generic_folder_with_queries_in_the_corpus_uses_the_beir_rule(data_dir, tmp_path, tiny_plain_model, caplog):
+def test_generic_folder_whose_queries_are_corpus_documents_ignores_identical_ids(data_dir, tmp_path, tiny_plain_model, caplog):
     from cde_st.evaluation import evaluate_model
 
     make_self_retrieval(data_dir, "my_arguments")
@@ -818,9 +818,10 @@ def test_generic_folder_with_queries_in_the_corpus_uses_the_beir_rule(data_dir, 
     with caplog.at_level("WARNING", logger="cde_st.evaluation.local_tasks"):
         auto = evaluate_model(tiny_plain_model, ["my_arguments", "tinyret"], **kwargs)
     rule = auto.task_settings["my_arguments"]["identical_ids"]
-    assert rule.startswith("ignore") and "6 of 6 query ids are also corpus ids" in rule and "BEIR" in rule
+    assert rule.startswith("ignore") and "6 of 6 query ids are also corpus ids" in rule
+    assert "the queries are corpus documents" in rule  # decided from the texts, and says so
     assert any("my_arguments" in r.getMessage() and "identical" in r.getMessage() for r in caplog.records)
-    assert auto.task_settings["tinyret"]["identical_ids"].startswith("ignore")  # BEIR's rule; no overlap there
+    assert auto.task_settings["tinyret"]["identical_ids"].startswith("keep")  # no overlap: nothing to ignore
     assert "my_arguments" in auto.files["summary_md"].read_text() and rule in auto.files["summary_md"].read_text()
     ignore = evaluate_model(
         tiny_plain_model, ["my_arguments"], identical_ids="ignore", **{**kwargs, "output_dir": None}
@@ -885,3 +886,106 @@ def test_mteb_direct_results_are_keyed_by_the_context(data_dir, tmp_path, make_t
     model.clear_context()
     assert mteb_model_meta(model, name="test/tiny-cde").revision.endswith("ctx-none")
     assert mteb_model_meta(model).name == "test/tiny-cde"  # default: the model card name
+
+
+def make_numbered_collection(root: Path, name: str = "classic") -> Path:
+    """A classic test collection (MED / CACM style): queries and documents both numbered 1..N with unrelated texts,
+    and query i judged relevant to document i."""
+    folder = root / "retrieval" / name
+    corpus = [{"_id": str(i), "title": "", "text": f"{TOPICS[i % 4]} report number {i}"} for i in range(1, 13)]
+    queries = [{"_id": str(i), "text": f"what is known about {TOPICS[i % 4]}"} for i in range(1, 7)]
+    _write_jsonl(folder / "corpus.jsonl", corpus)
+    _write_jsonl(folder / "queries.jsonl", queries)
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "test.tsv").write_text("".join(f"{i}\t{i}\t1\n" for i in range(1, 7)))
+    return folder
+
+
+def test_ids_that_merely_coincide_keep_the_query_own_document(tmp_path, tiny_plain_model):
+    """Issue 24: a folder numbering queries and documents 1..N got BEIR's rule, so document 7, judged relevant to
+    query 7, was removed from query 7's results. auto decides from the texts and says why."""
+    from cde_st.evaluation import evaluate_model
+
+    folder = make_numbered_collection(tmp_path)
+    task = _loaded(folder)
+    assert task.ignore_identical_ids is False
+    assert task.identical_ids_rule.startswith("keep") and "the ids coincide, the texts differ" in task.identical_ids_rule
+    assert "6 of 6 query ids are also corpus ids" in task.identical_ids_rule
+    kwargs = dict(output_dir=None, batch_size=8, show_progress_bar=False)
+    auto = evaluate_model(tiny_plain_model, [folder], **kwargs)
+    ignore = evaluate_model(tiny_plain_model, [folder], identical_ids="ignore", **kwargs)
+    assert auto.score("classic") > 0 and ignore.score("classic") == 0  # every relevant document was removed
+    assert "the ids coincide" in auto.task_settings["classic"]["identical_ids"]
+    assert ignore.task_settings["classic"]["identical_ids"].startswith("ignore")
+
+
+def test_queries_are_documents_rule():
+    from cde_st.evaluation.local_tasks import queries_are_documents
+
+    docs = {"1": "Title  The Cat sat", "2": "other", "3": "third doc"}
+    assert queries_are_documents({"1": "the cat SAT", "2": "other"}, docs)[0] is True
+    assert queries_are_documents({"1": "dogs", "2": "birds", "3": "third doc"}, docs)[0] is False  # 1 of 3
+    ignore, why = queries_are_documents({"9": "x"}, docs)
+    assert ignore is False and "no query id is also a corpus id" in why
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["med", "cacm", "lisa"])
+def test_classic_collections_keep_identical_ids(shared_data, name):
+    task = _loaded(shared_data / "retrieval" / name)
+    assert task.ignore_identical_ids is False, task.identical_ids_rule
+    assert "the ids coincide, the texts differ" in task.identical_ids_rule
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Inputs taken as written (issue 24): nothing silently coerced or dropped
+
+
+def _qrels(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "test.tsv"
+    path.write_text(text)
+    return path
+
+
+def test_fractional_or_infinite_grades_are_errors_naming_file_and_line(tmp_path):
+    with pytest.raises(LocalDataError, match=r"test.tsv:3: relevance score '0.5' is fractional"):
+        read_qrels(_qrels(tmp_path, "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t0.5\n"))
+    with pytest.raises(LocalDataError, match=r"test.tsv:2: relevance score 'inf' is not a finite number"):
+        read_qrels(_qrels(tmp_path, "q1\td1\t1\nq1\td2\tinf\n"))
+    assert read_qrels(_qrels(tmp_path, "q1\td1\t2.0\n")) == {"q1": {"d1": 2}}  # an integral float is its integer
+
+
+def test_duplicate_judgements(tmp_path, caplog):
+    with pytest.raises(LocalDataError, match=r"test.tsv:4: query 'q1', document 'd1' is judged 2 here and 1 at line 2"):
+        read_qrels(_qrels(tmp_path, "query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td1\t1\nq1\td1\t2\n"))
+    with caplog.at_level("WARNING", logger="cde_st.evaluation.local_tasks"):
+        assert read_qrels(_qrels(tmp_path, "q1\td1\t1\nq1\td1\t1\n")) == {"q1": {"d1": 1}}
+    assert "repeated with the same grade" in caplog.text
+
+
+def test_only_the_beir_header_is_skipped(tmp_path):
+    with pytest.raises(LocalDataError, match=r"test.tsv:1: relevance score 'relevance' is not a number"):
+        read_qrels(_qrels(tmp_path, "qid\tdocid\trelevance\nq1\td1\t1\n"))
+    with pytest.raises(LocalDataError, match=r"test.tsv:1: relevance score 'x' is not a number"):
+        read_qrels(_qrels(tmp_path, "q0\td0\tx\nq1\td1\t1\n"))  # a broken first judgement is not a header
+    assert read_qrels(_qrels(tmp_path, "query-id\tcorpus-id\tscore\nq1\td1\t1\n")) == {"q1": {"d1": 1}}
+
+
+def test_queries_judged_only_non_relevant_are_left_out_with_a_warning(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="cde_st.evaluation.local_tasks"):
+        qrels = read_qrels(_qrels(tmp_path, "q1\td1\t1\nq2\td1\t0\nq2\td2\t-1\n"))
+    assert qrels == {"q1": {"d1": 1}}
+    assert "1 of 2 judged queries have no document graded above 0" in caplog.text and "'q2'" in caplog.text
+    with pytest.raises(LocalDataError, match="no judgement has a grade above 0"):
+        read_qrels(_qrels(tmp_path, "q1\td1\t0\n"))
+
+
+def test_duplicate_corpus_ids_with_other_texts_fail_naming_both_lines(tmp_path):
+    folder = make_retrieval(tmp_path)
+    path = folder / "corpus.jsonl.gz"
+    rows = [json.loads(line) for line in gzip.open(path, "rt")]
+    _write_jsonl(path, [*rows, {"_id": "d3", "title": "Doc 3", "text": "a different text"}])
+    with pytest.raises(LocalDataError, match=r"corpus.jsonl.gz:13: _id 'd3' is also at line 4 with another text"):
+        _loaded(folder)
+    _write_jsonl(path, [*rows, dict(rows[3])])  # an exact repeat is read once
+    assert len(_loaded(folder).dataset["default"]["test"]["corpus"]) == 12

@@ -18,8 +18,9 @@ normalisation and classifier setup (``n_experiments``, ``samples_per_label``, ``
 are comparable to the published ones. Besides the shared folder names, a folder named after any task in mteb's own
 registry (its task name or its dataset's name, any case: ``arguana``, ``QUORA``, ``scidocs``; see
 :func:`registry_twin`) is that task's copy. Any other folder gets the plain mteb abstract task of its format with
-mteb's defaults, except that retrieval follows BEIR's rule for queries that are also corpus documents: a query's own
-id is never counted among its results (``identical_ids``).
+mteb's defaults, except that retrieval decides from the texts whether a query's own id counts among its results:
+BEIR's "ignore identical ids" rule applies only when the queries are corpus documents (same id, the query's text in
+the document), not when ids merely coincide as in classic collections numbered 1..N (``identical_ids``).
 
 Scoring is always mteb's own; this module only reads files, validates them (errors name the file and line) and hands
 mteb the dataset layout its task classes expect.
@@ -32,8 +33,9 @@ import gzip
 import hashlib
 import json
 import logging
+import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +79,8 @@ TWIN_SPLIT_FILES: dict[str, dict[str, tuple[str, ...]]] = {
     "twitterurlcorpus": {"test": ("train", "test")},
 }
 
-#: ``identical_ids`` choices: ``auto`` (an mteb twin's own setting; else BEIR's rule, ignore), ``ignore``, ``keep``.
+#: ``identical_ids`` choices: ``auto`` (an mteb twin's own setting; else decided from the texts, see
+#: :func:`queries_are_documents`), ``ignore``, ``keep``.
 IDENTICAL_IDS_RULES = ("auto", "ignore", "keep")
 
 _SPLIT_PREFERENCE = ("test", "dev", "validation", "val")
@@ -185,8 +188,15 @@ def read_jsonl(path: str | Path, fields: Sequence[str], optional: Sequence[str] 
     (texts are strings, scores numbers, labels int or str). Errors raise :class:`LocalDataError` naming the file and
     line. Only the listed fields are kept.
     """
+    return [row for _, row in read_jsonl_lines(path, fields, optional)]
+
+
+def read_jsonl_lines(
+    path: str | Path, fields: Sequence[str], optional: Sequence[str] = ()
+) -> list[tuple[int, dict[str, Any]]]:
+    """:func:`read_jsonl` with the line number of each record: ``[(line, record), ...]``."""
     path = Path(path)
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[int, dict[str, Any]]] = []
     for lineno, line in _iter_lines(path):
         try:
             record = json.loads(line)
@@ -211,16 +221,55 @@ def read_jsonl(path: str | Path, fields: Sequence[str], optional: Sequence[str] 
                     f"{path}:{lineno}: field {field!r} must be {expected}, got {type(value).__name__} {value!r:.60}."
                 )
             row[field] = value
-        rows.append(row)
+        rows.append((lineno, row))
     if not rows:
         raise LocalDataError(f"{path}: no records.")
     return rows
 
 
+#: The header line of BEIR's qrels files; any other first line is read as a judgement.
+QRELS_HEADER = ("query-id", "corpus-id", "score")
+
+
+def _relevance_grade(score: str, where: str) -> int:
+    """An integer relevance grade from a qrels score field; anything else raises naming ``where`` (file:line).
+
+    pytrec_eval, which scores mteb's and BEIR's retrieval, takes integer grades only: a fractional grade cannot be
+    scored as given and is an error rather than silently truncated (0.5 would become "not relevant")."""
+    try:
+        return int(score)
+    except ValueError:
+        pass
+    try:
+        value = float(score)
+    except ValueError:
+        raise LocalDataError(
+            f"{where}: relevance score {score!r} is not a number (expected an integer grade such as 0, 1 or 2; "
+            f"a header line must be exactly {' '.join(QRELS_HEADER)!r}, tab-separated)."
+        ) from None
+    if not math.isfinite(value):
+        raise LocalDataError(f"{where}: relevance score {score!r} is not a finite number; use an integer grade.")
+    if not value.is_integer():
+        raise LocalDataError(
+            f"{where}: relevance score {score!r} is fractional; retrieval scoring (pytrec_eval) takes integer grades "
+            "only. Map the grades to integers in the file (e.g. 0 / 0.5 / 1 -> 0 / 1 / 2)."
+        )
+    return int(value)
+
+
 def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
-    """Read a BEIR qrels TSV (``query-id  corpus-id  score``; a first header line is allowed) into mteb's layout."""
+    """Read a BEIR qrels TSV (``query-id  corpus-id  score``) into mteb's layout ``{query: {doc: grade}}``.
+
+    The first line may be BEIR's header (exactly ``query-id  corpus-id  score``). Grades must be integers (``1.0``
+    is read as 1; fractional, non-finite or non-numeric scores raise). A (query, document) pair judged twice with
+    different grades raises naming both lines; an exact repeat is read once, with a warning. Queries whose every
+    judgement is <= 0 can never score above 0: they are left out of scoring, with a warning naming them.
+    Errors raise :class:`LocalDataError` naming the file and line.
+    """
     path = Path(path)
     qrels: dict[str, dict[str, int]] = {}
+    seen: dict[tuple[str, str], int] = {}
+    repeats = 0
     for lineno, line in _iter_lines(path):
         parts = line.rstrip("\n").split("\t")
         if len(parts) != 3:
@@ -230,15 +279,39 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
                 f"{path}:{lineno}: expected 3 tab-separated columns (query-id, corpus-id, score), got {len(parts)}."
             )
         qid, did, score = (p.strip() for p in parts)
-        try:
-            value = int(float(score))
-        except ValueError as err:
-            if lineno == 1:
-                continue  # header line
-            raise LocalDataError(f"{path}:{lineno}: relevance score {score!r} is not a number.") from err
+        if not seen and not qrels and (qid, did, score) == QRELS_HEADER:
+            continue
+        where = f"{path}:{lineno}"
+        value = _relevance_grade(score, where)
+        previous = seen.get((qid, did))
+        if previous is not None:
+            if qrels[qid][did] != value:
+                raise LocalDataError(
+                    f"{where}: query {qid!r}, document {did!r} is judged {value} here and {qrels[qid][did]} at line "
+                    f"{previous}; keep one judgement per pair."
+                )
+            repeats += 1
+            continue
+        seen[(qid, did)] = lineno
         qrels.setdefault(qid, {})[did] = value
     if not qrels:
         raise LocalDataError(f"{path}: no relevance judgements.")
+    if repeats:
+        logger.warning("%s: %d (query, document) judgements are repeated with the same grade; read once.", path, repeats)
+    unjudged = [q for q, docs in qrels.items() if not any(v > 0 for v in docs.values())]
+    if unjudged:
+        if len(unjudged) == len(qrels):
+            raise LocalDataError(f"{path}: no judgement has a grade above 0; nothing is relevant to any query.")
+        logger.warning(
+            "%s: %d of %d judged queries have no document graded above 0 (e.g. %s); they could only score 0 and are "
+            "left out of scoring.",
+            path,
+            len(unjudged),
+            len(qrels),
+            _examples(unjudged),
+        )
+        dropped = set(unjudged)
+        qrels = {q: docs for q, docs in qrels.items() if q not in dropped}
     return qrels
 
 
@@ -415,6 +488,30 @@ def _check_labels(rows: list[dict[str, Any]], path: Path) -> None:
                 )
 
 
+def _unique_ids(rows: list[tuple[int, dict[str, Any]]], path: Path) -> list[dict[str, Any]]:
+    """The records of a corpus / queries file, one per ``_id``: an exact repeat (same title and text) is read once
+    with a warning; the same id with another text raises naming both lines (file order must not decide what is
+    scored)."""
+    first: dict[str, tuple[int, dict[str, Any]]] = {}
+    kept: list[dict[str, Any]] = []
+    repeats = 0
+    for lineno, row in rows:
+        key = str(row["_id"])
+        if key in first:
+            line0, row0 = first[key]
+            if (row0.get("title", ""), row0["text"]) != (row.get("title", ""), row["text"]):
+                raise LocalDataError(
+                    f"{path}:{lineno}: _id {key!r} is also at line {line0} with another text; ids must be unique."
+                )
+            repeats += 1
+            continue
+        first[key] = (lineno, row)
+        kept.append(row)
+    if repeats:
+        logger.warning("%s: %d records repeat an earlier _id with the same text; read once.", path, repeats)
+    return kept
+
+
 def load_retrieval_split(folder: str | Path, split: str) -> dict[str, Any]:
     """A BEIR folder split as mteb's ``RetrievalSplitData`` (corpus, queries with judgements, qrels)."""
     from datasets import Dataset
@@ -427,8 +524,8 @@ def load_retrieval_split(folder: str | Path, split: str) -> dict[str, Any]:
             raise LocalDataError(f"{folder}: missing {what} (BEIR layout).")
     if not qrels_path.is_file():
         raise LocalDataError(f"{folder}: missing qrels/{split}.tsv (found: {available_splits(folder, 'retrieval')}).")
-    corpus_rows = read_jsonl(corpus_path, ["_id", "text"], optional=["title"])
-    query_rows = read_jsonl(queries_path, ["_id", "text"])
+    corpus_rows = _unique_ids(read_jsonl_lines(corpus_path, ["_id", "text"], optional=["title"]), corpus_path)
+    query_rows = _unique_ids(read_jsonl_lines(queries_path, ["_id", "text"]), queries_path)
     qrels = read_qrels(qrels_path)
 
     qrels = check_relevance_judgements(
@@ -510,6 +607,42 @@ _SPLIT_LOADERS = {
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Identical query / document ids
+
+#: ``identical_ids="auto"`` ignores a query's own id when more than this share of the shared ids are queries that
+#: are the document itself (the query text equals or is contained in the document's text).
+SAME_TEXT_SHARE = 0.5
+
+
+def _normal_text(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def queries_are_documents(queries: Mapping[str, str], documents: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether a query's own id should be left out of its results, decided from the texts: ``(ignore, why)``.
+
+    BEIR's "ignore identical ids" rule exists for datasets whose queries *are* corpus documents (ArguAna, Quora):
+    there a query would retrieve itself. Classic test collections (MED, CACM, LISA) number queries and documents
+    1..N independently, so ids coincide by accident and query 7 may well be judged relevant to document 7: the rule
+    would remove a relevant document. So: ignore only when, for more than :data:`SAME_TEXT_SHARE` of the ids that
+    are both a query and a document, the query's text (case and spacing aside) equals or is contained in the
+    document's text (``title text``).
+
+    Example:
+        >>> queries_are_documents({"1": "a cat"}, {"1": "Title a cat sat", "2": "x"})[0]
+        True
+    """
+    shared = [q for q in queries if q in documents]
+    if not shared:
+        return False, "auto: no query id is also a corpus id"
+    same = sum(1 for q in shared if _normal_text(queries[q]) in _normal_text(documents[q]))
+    detail = f"auto, from the texts: {same} of {len(shared)} query ids that are also corpus ids have the query text in"
+    if same > SAME_TEXT_SHARE * len(shared):
+        return True, f"{detail} that document: the queries are corpus documents"
+    return False, f"{detail} that document: the ids coincide, the texts differ"
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Local folders as mteb tasks
 
 
@@ -562,13 +695,24 @@ class _LocalDataMixin:
             self._describe_identical_ids()
 
     def _describe_identical_ids(self) -> None:
-        """Count the query ids that are also corpus ids and say which rule scores them (log + ``identical_ids_rule``)."""
+        """Count the query ids that are also corpus ids and say which rule scores them (log + ``identical_ids_rule``);
+        with ``identical_ids="auto"`` on a folder that is no mteb task, decide the rule from the texts first
+        (:func:`queries_are_documents`)."""
+        from cde_st.evaluation.pools import corpus_texts
+
         shared = total = 0
+        queries: dict[str, str] = {}
+        documents: dict[str, str] = {}
         for splits in self.dataset.values():
             for data in splits.values():
                 query_ids = set(data["queries"]["id"])
                 shared += len(query_ids & set(data["corpus"]["id"]))
                 total += len(query_ids)
+                if getattr(self, "identical_ids_from_texts", False):
+                    queries.update(zip(data["queries"]["id"], data["queries"]["text"]))
+                    documents.update(zip(data["corpus"]["id"], corpus_texts(data["corpus"])))
+        if getattr(self, "identical_ids_from_texts", False):
+            self.ignore_identical_ids, self.identical_ids_why = queries_are_documents(queries, documents)
         verb = "ignore" if self.ignore_identical_ids else "keep"
         why = self.identical_ids_why
         overlap = f"{shared} of {total} query ids are also corpus ids"
@@ -629,9 +773,10 @@ def load_local_task(
         eval_splits: splits to evaluate (default: the twin's that exist locally; else the first of
             test/dev/validation found).
         identical_ids: retrieval only: whether a corpus document with the query's own id counts among the query's
-            results. ``"auto"``: an mteb twin's own ``ignore_identical_ids``; for other folders BEIR's rule (ignore
-            them, as BEIR's evaluation does by default). ``"ignore"`` / ``"keep"`` force it. The rule used and the
-            number of query ids that are also corpus ids are logged at load and kept in ``task.identical_ids_rule``.
+            results. ``"auto"``: an mteb twin's own ``ignore_identical_ids``; for other folders decided from the
+            texts at load (:func:`queries_are_documents`: ignore only when the queries are corpus documents).
+            ``"ignore"`` / ``"keep"`` force it. The rule used, why, and the number of query ids that are also corpus
+            ids are logged at load and kept in ``task.identical_ids_rule``.
 
     Returns:
         An ``mteb`` ``AbsTask`` instance whose ``load_data`` reads the folder.
@@ -728,9 +873,10 @@ def load_local_task(
             task.identical_ids_why = f"identical_ids={identical_ids!r} was asked for"
         elif twin_name:
             task.identical_ids_why = f"the setting of mteb task {twin_name}"
-        else:
-            task.ignore_identical_ids = True
-            task.identical_ids_why = "BEIR's rule for a retrieval folder that is no mteb task"
+        else:  # decided from the texts when the data is read (_describe_identical_ids)
+            task.ignore_identical_ids = False
+            task.identical_ids_from_texts = True
+            task.identical_ids_why = "decided from the texts when the data is loaded"
         verb = "ignore" if task.ignore_identical_ids else "keep"
         task.identical_ids_rule = f"{verb} identical query/document ids ({task.identical_ids_why})"
     return task

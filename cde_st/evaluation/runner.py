@@ -127,7 +127,8 @@ def resolve_task(
 
     Local folders win over mteb names (``scifact`` is the local copy, ``SciFact`` the mteb hub task).
     ``identical_ids`` (retrieval): ``"auto"`` keeps an mteb task's own rule for query ids that are also corpus ids
-    (BEIR's rule, ignore them, for local folders that are no mteb task); ``"ignore"`` / ``"keep"`` force it.
+    (for local folders that are no mteb task: decided from the texts, see
+    :func:`~cde_st.evaluation.local_tasks.queries_are_documents`); ``"ignore"`` / ``"keep"`` force it.
 
     Raises:
         UnknownTaskError: with the local tasks found and the closest mteb names.
@@ -371,9 +372,10 @@ def evaluate_model(
         max_seq_length: token limit of the inputs for this run (default: the model's own).
         identical_ids: retrieval: whether a corpus document whose id is the query's own id counts among the query's
             results. ``"auto"``: the mteb task's own setting (local folders named after an mteb task take that
-            task's); other local folders follow BEIR's rule and ignore them (queries that are also corpus documents,
-            as in ArguAna or Quora, would otherwise retrieve themselves). ``"ignore"`` / ``"keep"`` force it. The
-            rule used is logged and reported in :attr:`EvaluationReport.task_settings` and the summary.
+            task's); for other local folders it is decided from the texts: ignored only when the queries are corpus
+            documents (as in ArguAna or Quora, where a query would retrieve itself), kept when ids merely coincide
+            (classic collections numbered 1..N). ``"ignore"`` / ``"keep"`` force it. The rule used and why are
+            logged and reported in :attr:`EvaluationReport.task_settings` and the summary.
 
     Returns:
         An :class:`EvaluationReport` (scores per run and task, mteb ``TaskResult`` objects, files written).
