@@ -507,6 +507,11 @@ def test_bad_inputs(make_tiny_cde):
         FilteredInfoNCELoss(model, guide=False, mini_batch_size=0)
     with pytest.raises(ValueError, match="separate"):
         FilteredInfoNCELoss(model, guide=model)
+    # A margin of 2 or more filters every negative (cosines lie in [-1, 1]); NaN filters none.
+    for margin in (2.0, 10.0, float("nan"), float("inf"), -2.0):
+        with pytest.raises(ValueError, match=r"margin must be a finite number in \(-2, 2\)"):
+            FilteredInfoNCELoss(model, guide=False, margin=margin)
+    FilteredInfoNCELoss(model, guide=False, margin=1.5)
 
 
 def test_unprompted_document_column_warns_once(make_tiny_cde, caplog):

@@ -344,6 +344,18 @@ def test_bad_inputs_raise(kwargs, message):
         )
 
 
+def test_non_finite_surrogate_embeddings_are_named_not_left_to_faiss():
+    q, d, _ = structured_embeddings(40)
+    q = q.copy()
+    q[7] = np.nan
+    with pytest.raises(ValueError, match=r"1 of 40 query embeddings hold NaN or inf \(first: pair 7\).*surrogate"):
+        ClusteredBatchSampler(pair_dataset(40), 8, False, embeddings=(q, d), cache=False, show_progress_bar=False)
+    d = d.copy()
+    d[3] = np.inf
+    with pytest.raises(ValueError, match="document embeddings hold NaN or inf"):
+        cluster_pairs(structured_embeddings(40)[0], d, cluster_size=8)
+
+
 def test_bad_datasets_raise():
     with pytest.raises(ValueError, match="empty dataset"):
         ClusteredBatchSampler(pair_dataset(0), 8, False, cache=False)

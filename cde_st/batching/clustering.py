@@ -61,6 +61,14 @@ def _check_pair_embeddings(q_emb: np.ndarray, d_emb: np.ndarray) -> tuple[np.nda
         )
     if len(q_emb) == 0:
         raise ValueError("No pairs to cluster: the embeddings are empty.")
+    for side, emb in (("query", q_emb), ("document", d_emb)):
+        bad = ~np.isfinite(emb).all(axis=1)
+        if bad.any():
+            raise ValueError(
+                f"{int(bad.sum())} of {len(emb)} {side} embeddings hold NaN or inf (first: pair {int(np.argmax(bad))}),"
+                " so they cannot be clustered. The surrogate model (`surrogate`, or the given embeddings) produced "
+                "them: check that it loads and encodes finite vectors (e.g. not in float16 overflow)."
+            )
     return _normalize_rows(q_emb), _normalize_rows(d_emb)
 
 

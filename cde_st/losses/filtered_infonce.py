@@ -314,6 +314,12 @@ class FilteredInfoNCELoss(CachedLossMixin, nn.Module):
             raise ValueError(f"context_dropout must be in [0, 1], got {context_dropout}.")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}.")
+        if not -2.0 < margin < 2.0:  # also false for NaN
+            raise ValueError(
+                f"margin must be a finite number in (-2, 2), got {margin}: guide scores are cosines in [-1, 1], so a "
+                "margin >= 2 filters every in-batch negative (loss 0) and NaN none; to turn filtering off pass "
+                "filter_false_negatives=False."
+            )
         for name, value in (("mini_batch_size", mini_batch_size), ("context_mini_batch_size", context_mini_batch_size)):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a positive integer or None, got {value}.")
