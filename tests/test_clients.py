@@ -22,7 +22,8 @@ def saved_cde(tmp_path_factory, tiny_bert_dir) -> str:
 
     torch.manual_seed(0)
     model = ContextualSentenceTransformer.from_encoder(
-        tiny_bert_dir, context_size=4, max_seq_length=64, output_head="mlp", first_stage_residual=False
+        tiny_bert_dir, context_size=4, max_seq_length=64, output_head="mlp", first_stage_residual=False,
+        context_attention="joint",
     )
     folder = tmp_path_factory.mktemp("clients") / "cde"
     model.save(str(folder))
@@ -36,7 +37,13 @@ def _run(script: str, model_folder: str, monkeypatch) -> dict:
 
 
 def _require(module: str, install: str) -> None:
-    if importlib.util.find_spec(module) is None:
+    """Skip the test when `module` cannot be imported. find_spec on a dotted name imports its parent packages
+    first and raises ModuleNotFoundError when one is missing, so a missing parent counts as not installed."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
         pytest.skip(f"{module} is not installed (pip install {install}, or pip install -e '.[clients]')")
 
 
@@ -90,3 +97,26 @@ def test_mteb_direct(saved_cde, monkeypatch, tmp_path):
     assert result.task_name == "TinyRetrieval" and 0.0 <= result.get_score() <= 1.0
     fingerprint = g["info"].fingerprint
     assert any(fingerprint in str(p) for p in (tmp_path / "mteb_cache").rglob("TinyRetrieval.json"))
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["llama_index.embeddings.huggingface", "langchain_huggingface", "cde_st_absent_package.embeddings.huggingface"],
+)
+def test_require_skips_when_the_package_or_its_parent_is_absent(module, monkeypatch):
+    # Simulate a fresh install without the client (whether or not this machine has it): an import of a name
+    # whose sys.modules entry is None fails with ModuleNotFoundError, as for a package that is not installed.
+    monkeypatch.setitem(sys.modules, module.split(".")[0], None)
+    with pytest.raises(pytest.skip.Exception, match="is not installed"):
+        _require(module, "the-client")
+
+
+def test_require_skips_when_a_submodule_is_absent():
+    with pytest.raises(pytest.skip.Exception, match="cde_st.no_such_module is not installed"):
+        _require("cde_st.no_such_module", "nothing")
+    with pytest.raises(pytest.skip.Exception, match="json.decoder.no_such_module is not installed"):
+        _require("json.decoder.no_such_module", "nothing")  # parent is a module, not a package
+
+
+def test_require_passes_when_installed():
+    _require("cde_st.context", "cde_st")  # returns without skipping
