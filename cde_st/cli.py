@@ -147,7 +147,8 @@ def _eval_parser() -> argparse.ArgumentParser:
         choices=["auto", "ignore", "keep"],
         default="auto",
         help="retrieval: may a query retrieve a corpus document with its own id? auto: the mteb task's setting "
-        "(also for local folders named after an mteb task), else BEIR's rule (ignore); the rule used is printed",
+        "(also for local folders named after an mteb task), else ignore only when the queries are corpus documents "
+        "(decided from the texts; ids that merely coincide are kept); the rule used and why are printed",
     )
     parser.add_argument("--device", help="torch device (default: sentence-transformers' choice)")
     parser.add_argument("--max-seq-length", type=int, help="token limit of the inputs (default: the model's)")

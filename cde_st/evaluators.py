@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 from sentence_transformers.sentence_transformer.evaluation import (
+    BinaryClassificationEvaluator,
+    EmbeddingSimilarityEvaluator,
     InformationRetrievalEvaluator,
     SentenceEvaluator,
     SequentialEvaluator,
@@ -141,6 +143,26 @@ class ContextualRetrievalEvaluator(InformationRetrievalEvaluator):
         return {**super().get_config_dict(), "context_size": self.context_size, "context_seed": self.seed}
 
 
+def check_scorable(evaluator: SentenceEvaluator) -> None:
+    """Raise ``ValueError`` when ``evaluator``'s data cannot give a score: an ``EmbeddingSimilarityEvaluator`` with
+    fewer than two pairs or one gold score for all (Spearman undefined), a ``BinaryClassificationEvaluator`` whose
+    pairs all have one label (average precision undefined). The message names the evaluator and says why."""
+    name = f"{type(evaluator).__name__} {getattr(evaluator, 'name', '')!r}"
+    if isinstance(evaluator, EmbeddingSimilarityEvaluator):
+        scores = list(evaluator.scores)
+        if len(scores) < 2:
+            raise ValueError(f"{name}: {len(scores)} pair(s); a Spearman correlation needs at least two pairs.")
+        if len(set(scores)) < 2:
+            raise ValueError(f"{name}: every pair has the score {scores[0]!r}; a correlation needs differing scores.")
+    elif isinstance(evaluator, BinaryClassificationEvaluator):
+        labels = set(evaluator.labels)
+        if len(labels) < 2:
+            raise ValueError(
+                f"{name}: every pair has the label {next(iter(labels), None)!r}; average precision needs pairs of "
+                "both labels (0 and 1)."
+            )
+
+
 class ContextualEvaluator(SentenceEvaluator):
     """Any sentence-transformers evaluator, run with ``context_size`` documents of ``corpus`` as the model's
     context (see :func:`corpus_context`). ``primary_metric`` and ``greater_is_better`` are the wrapped evaluator's,
@@ -160,6 +182,7 @@ class ContextualEvaluator(SentenceEvaluator):
         self.seed = seed
         if not self.corpus:
             raise ValueError("ContextualEvaluator needs a non-empty corpus to sample the context from.")
+        check_scorable(evaluator)
 
     @property
     def primary_metric(self) -> str | None:

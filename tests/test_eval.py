@@ -989,3 +989,46 @@ def test_duplicate_corpus_ids_with_other_texts_fail_naming_both_lines(tmp_path):
         _loaded(folder)
     _write_jsonl(path, [*rows, dict(rows[3])])  # an exact repeat is read once
     assert len(_loaded(folder).dataset["default"]["test"]["corpus"]) == 12
+
+
+@pytest.mark.parametrize(
+    ("make", "file", "rows", "message"),
+    [
+        (make_sts, "test.jsonl", [{"sentence1": "a", "sentence2": "b", "score": 3.0}], "at least two pairs"),
+        (
+            make_sts,
+            "test.jsonl",
+            [{"sentence1": "a", "sentence2": "b", "score": 3.0}, {"sentence1": "c", "sentence2": "d", "score": 3.0}],
+            "every pair has the score 3.0",
+        ),
+        (make_classification, "train.jsonl", [{"text": f"t{i}", "label": "a"} for i in range(4)], "label 'a'"),
+        (make_clustering, "test.jsonl", [{"text": f"t{i}", "label": 1} for i in range(4)], "one cluster"),
+        (
+            make_pairs,
+            "test.jsonl",
+            [{"sentence1": f"a{i}", "sentence2": f"b{i}", "label": 1} for i in range(3)],
+            "every pair has label 1",
+        ),
+    ],
+)
+def test_data_that_cannot_be_scored_names_the_file_and_why(tmp_path, make, file, rows, message):
+    """Issue 24: one-label classification or one-pair STS data gave mteb errors (or nan) naming neither."""
+    folder = make(tmp_path)
+    _write_jsonl(folder / file, rows)
+    with pytest.raises(LocalDataError, match=f"{folder.name}/{file}: .*{message}"):
+        _loaded(folder)
+
+
+def test_random_corpus_and_context_seed_errors_name_the_option(data_dir, tmp_path, tiny_plain_model, capsys):
+    """Issue 24: a missing --random-corpus file was reported as an unknown task; --context-seed -1 as a numpy
+    error naming no option."""
+    with pytest.raises(FileNotFoundError, match=r"random_corpus \(--random-corpus\) '.*missing.jsonl': no such file"):
+        runner.load_text_corpus(str(tmp_path / "missing.jsonl"), data_dir)
+    with pytest.raises(runner.UnknownTaskError, match=r"random_corpus \(--random-corpus\) 'nosuchtask'"):
+        runner.load_text_corpus("nosuchtask", data_dir)
+    with pytest.raises(ValueError, match=r"context_seed \(--context-seed\) must be an integer in \[0, 2\*\*32\)"):
+        runner.evaluate_model(tiny_plain_model, ["tinyret"], data_dir=data_dir, context_seed=-1, output_dir=None)
+    from cde_st.cli import eval_run
+
+    assert eval_run(["--model", str(tmp_path), "--tasks", "tinyret", "--context-seed", "-1"]) == 2
+    assert "--context-seed" in capsys.readouterr().err

@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import pytest
 from sentence_transformers.sentence_transformer.evaluation import (
+    BinaryClassificationEvaluator,
     EmbeddingSimilarityEvaluator,
     InformationRetrievalEvaluator,
     SequentialEvaluator,
@@ -136,3 +137,18 @@ def test_train_scores_a_stock_evaluator_with_the_corpus_context(tmp_path, minilm
             TrainConfig.from_preset("tiny", output_dir=str(tmp_path / "both"), eval_folder=str(tmp_path)),
             evaluator=spy,
         )
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: EmbeddingSimilarityEvaluator(["a"], ["b"], [0.5], name="one"), "1 pair\\(s\\); a Spearman"),
+        (lambda: EmbeddingSimilarityEvaluator(["a", "c"], ["b", "d"], [1.0, 1.0], name="flat"), "every pair has the score"),
+        (lambda: BinaryClassificationEvaluator(["a", "c"], ["b", "d"], [1, 1], name="pos"), "every pair has the label 1"),
+    ],
+)
+def test_evaluator_data_that_cannot_be_scored_is_refused(make, message):
+    """Issue 24: a one-pair STS or one-label pair evaluator scored nan (and checkpoints were picked on it)."""
+    evaluator = make()
+    with pytest.raises(ValueError, match=f"{type(evaluator).__name__} '{evaluator.name}': {message}"):
+        ContextualEvaluator(evaluator, corpus=["some text"])

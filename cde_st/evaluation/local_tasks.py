@@ -476,7 +476,12 @@ def _split_file(folder: Path, split: str) -> Path:
     return path
 
 
-def _check_labels(rows: list[dict[str, Any]], path: Path) -> None:
+def _check_labels(rows: list[dict[str, Any]], path: Path, one_label: str | None = None) -> None:
+    """Labels of one type; with ``one_label`` (why one label cannot be scored), at least two distinct labels."""
+    if one_label is not None and len({r["label"] for r in rows}) < 2:
+        raise LocalDataError(
+            f"{path}: all {len(rows)} records have the label {rows[0]['label']!r}: {one_label}; give at least two labels."
+        )
     kinds = {type(r["label"]) for r in rows}
     if len(kinds) > 1:
         first = type(rows[0]["label"])
@@ -554,6 +559,12 @@ def load_sts_split(folder: str | Path, split: str):
 
     path = _split_file(Path(folder), split)
     rows = read_jsonl(path, ["sentence1", "sentence2", "score"])
+    if len(rows) < 2:
+        raise LocalDataError(f"{path}: STS needs at least two pairs (a Spearman correlation of one pair is undefined).")
+    if len({r["score"] for r in rows}) < 2:
+        raise LocalDataError(
+            f"{path}: every pair has the score {rows[0]['score']!r}; a Spearman correlation needs differing scores."
+        )
     return Dataset.from_dict({k: [r[k] for r in rows] for k in ("sentence1", "sentence2", "score")})
 
 
@@ -563,7 +574,7 @@ def load_classification_split(folder: str | Path, split: str):
 
     path = _split_file(Path(folder), split)
     rows = read_jsonl(path, ["text", "label"])
-    _check_labels(rows, path)
+    _check_labels(rows, path, "a classifier fitted on them has nothing to tell apart" if split == "train" else None)
     return Dataset.from_dict({"text": [r["text"] for r in rows], "label": [r["label"] for r in rows]})
 
 
@@ -573,7 +584,7 @@ def load_clustering_split(folder: str | Path, split: str):
 
     path = _split_file(Path(folder), split)
     rows = read_jsonl(path, ["text", "label"])
-    _check_labels(rows, path)
+    _check_labels(rows, path, "a clustering of them into one cluster scores perfectly whatever the model")
     return Dataset.from_dict({"sentences": [[r["text"] for r in rows]], "labels": [[r["label"] for r in rows]]})
 
 
@@ -588,6 +599,10 @@ def load_pair_classification_split(folder: str | Path, split: str):
             raise LocalDataError(f"{path}: record {lineno}: label must be 0 or 1, got {row['label']!r}.")
     if len(rows) < 2:
         raise LocalDataError(f"{path}: pair classification needs at least two pairs.")
+    if len({r["label"] for r in rows}) < 2:
+        raise LocalDataError(
+            f"{path}: every pair has label {rows[0]['label']!r}; average precision needs pairs of both labels (0 and 1)."
+        )
     return Dataset.from_dict(
         {
             "sentence1": [r["sentence1"] for r in rows],

@@ -228,6 +228,10 @@ def _first_subset_split(task: Any) -> tuple[str, str]:
     return task.hf_subsets[0], task.eval_splits[0]
 
 
+#: File names ``random_corpus`` reads as files (a missing one is a missing file, not an unknown task).
+_CORPUS_FILE_SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".json", ".gz")
+
+
 def load_text_corpus(spec: str | Path | Sequence[str], data_dir: str | Path | None = None) -> tuple[list[str], str]:
     """Documents of a "random" context corpus and a short name for it: a list of texts; a ``.txt`` (one document
     per line) or ``.jsonl[.gz]`` file (``text`` field, with ``title`` prepended when present); or a local task /
@@ -239,6 +243,11 @@ def load_text_corpus(spec: str | Path | Sequence[str], data_dir: str | Path | No
         digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:8]
         return texts, f"texts-{digest}"
     path = Path(spec).expanduser()
+    if not path.exists() and path.name.endswith(_CORPUS_FILE_SUFFIXES):
+        raise FileNotFoundError(
+            f"random_corpus (--random-corpus) {str(spec)!r}: no such file ({path.resolve()}). Give an existing .txt "
+            "(one document per line) or .jsonl[.gz] file, a local task folder, or a task name."
+        )
     if path.is_file():
         if path.suffix == ".txt":
             texts = unique_texts(path.read_text(encoding="utf-8").splitlines())
@@ -246,7 +255,12 @@ def load_text_corpus(spec: str | Path | Sequence[str], data_dir: str | Path | No
             rows = read_jsonl(path, ["text"], optional=["title"])
             texts = unique_texts(f"{r.get('title', '')} {r['text']}".strip() for r in rows)
         return texts, path.name
-    task = resolve_task(str(spec), data_dir)
+    try:
+        task = resolve_task(str(spec), data_dir)
+    except UnknownTaskError as err:
+        raise UnknownTaskError(
+            f"random_corpus (--random-corpus) {str(spec)!r} is not a file, a folder or a task. {err}"
+        ) from None
     _load_task_data(task, data_dir)
     texts = context_pool(task, *_first_subset_split(task))
     return texts, task.metadata.name
@@ -390,6 +404,8 @@ def evaluate_model(
 
     if context not in CONTEXT_MODES:
         raise ValueError(f"Unknown context mode {context!r}; choose one of {CONTEXT_MODES}.")
+    if isinstance(context_seed, bool) or not isinstance(context_seed, int) or not 0 <= context_seed < 2**32:
+        raise ValueError(f"context_seed (--context-seed) must be an integer in [0, 2**32), got {context_seed!r}.")
     resolved = [resolve_task(t, data_dir, eval_splits, identical_ids) for t in tasks]  # before the model: fail fast
     names = [t.metadata.name for t in resolved]
     if len(set(names)) != len(names):
