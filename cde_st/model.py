@@ -184,6 +184,12 @@ class ContextualSentenceTransformer(SentenceTransformer):
     ) -> ContextualSentenceTransformer:
         """Build M1 and M2 from the same pretrained encoder (HF id/folder or sentence-transformers folder).
 
+        The new model starts as its source: untrained, it gives the encoder's embeddings whatever the context
+        (the ``mini`` preset's recipe: cached context read by the top three layers through a zero-initialised
+        gate, no added heads; see :meth:`ContextualTransformer.from_encoder`). Training then adds what the
+        context contributes. ``context_attention="joint"`` gives the paper's joint attention instead (untrained,
+        it is not its source: the context changes every embedding).
+
         ``normalize``: end with a Normalize module (unit-length embeddings). None (default): exactly when the
         source sentence-transformers model does (all-MiniLM-L6-v2 does; a plain HF encoder does not), so the new
         model's embeddings have the norms of its source's, which k-means clustering and logistic-regression

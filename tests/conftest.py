@@ -60,6 +60,8 @@ def make_tiny_cde(tiny_bert_dir):
         # A non-zero head init so the context visibly changes outputs even untrained.
         config.setdefault("output_head", "mlp")
         config.setdefault("first_stage_residual", False)
+        # The paper's joint attention (from_encoder's default starts as the source, where the context has no effect).
+        config.setdefault("context_attention", "joint")
         model = ContextualSentenceTransformer.from_encoder(tiny_bert_dir, context_size=context_size, **config)
         model.eval()
         return model

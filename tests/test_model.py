@@ -354,3 +354,51 @@ def test_context_follows_first_stage_changes(make_tiny_cde, tmp_path):
         next(module.first_stage.parameters()).add_(0.5)
     with pytest.warns(UserWarning, match="may be stale"):
         model.encode_document(DOCS[:1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context_size", [64, 512])
+def test_untrained_from_encoder_starts_as_its_source(minilm, context_size):
+    """Issue 23: by default an untrained model built from an encoder gives that encoder's embeddings whatever the
+    context (zero-initialised context gate), also at J = 512 where the paper's joint attention collapses."""
+    base = SentenceTransformer(minilm)
+    model = ContextualSentenceTransformer.from_encoder(minilm, context_size=context_size)
+    module = model.contextual_module
+    assert (module.context_attention, module.context_gate, module.context_layers) == ("cached", True, [3, 4, 5])
+    for context in (DOCS, [d.upper() for d in DOCS[::-1]]):
+        model.set_context(context, seed=1)
+        np.testing.assert_allclose(model.encode_query(DOCS), base.encode(DOCS, prompt="search_query: "), atol=1e-5)
+        np.testing.assert_allclose(
+            model.encode_document(DOCS), base.encode(DOCS, prompt="search_document: "), atol=1e-5
+        )
+    # The paper's joint attention is one argument away, with the paper's heads.
+    joint = ContextualSentenceTransformer.from_encoder(minilm, context_size=2, context_attention="joint")
+    module = joint.contextual_module
+    assert (module.context_attention, module.context_gate, module.context_layers) == ("joint", False, None)
+    assert (module.output_head, module.first_stage_head) == ("residual_mlp", "mlp")
+
+
+def test_folders_keep_their_attention_when_loaded(make_tiny_cde, tiny_bert_dir, tmp_path):
+    """The from_encoder default changed, the ContextualTransformer defaults did not: a folder saved with joint
+    attention (or by code older than the attention fields) loads as joint; a gated one loads gated."""
+    import json
+
+    joint = make_tiny_cde(context_size=4, context_attention="joint")
+    joint.set_context(DOCS, seed=0)
+    expected = joint.encode_document(DOCS[:3])
+    joint.save(str(tmp_path / "joint"))
+    config_path = tmp_path / "joint" / "cde_config.json"
+    config = json.loads(config_path.read_text())
+    for key in ("context_attention", "context_gate", "context_layers"):
+        config.pop(key)  # as written before these fields existed
+    config_path.write_text(json.dumps(config))
+    loaded = ContextualSentenceTransformer(str(tmp_path / "joint")).contextual_module
+    assert (loaded.context_attention, loaded.context_gate, loaded.gates) == ("joint", False, None)
+    np.testing.assert_allclose(
+        ContextualSentenceTransformer(str(tmp_path / "joint")).encode_document(DOCS[:3]), expected, atol=1e-6
+    )
+
+    gated = ContextualSentenceTransformer.from_encoder(tiny_bert_dir, context_size=4)
+    gated.save(str(tmp_path / "gated"))
+    module = ContextualSentenceTransformer(str(tmp_path / "gated")).contextual_module
+    assert (module.context_attention, module.context_gate, module.context_layers) == ("cached", True, [0, 1])

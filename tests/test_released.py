@@ -264,7 +264,8 @@ def tiny_rotary_dir(request, fixture_dir, tmp_path_factory) -> str:
 def test_rotary_backbone_own_mode(tiny_rotary_dir, inputs, tmp_path):
     torch.manual_seed(0)
     model = ContextualSentenceTransformer.from_encoder(
-        tiny_rotary_dir, context_size=8, max_seq_length=64, output_head="mlp", first_stage_residual=False
+        tiny_rotary_dir, context_size=8, max_seq_length=64, output_head="mlp", first_stage_residual=False,
+        context_attention="joint",
     )
     model.eval()
     docs = inputs["documents"]

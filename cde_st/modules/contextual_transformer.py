@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save_file, save_model
 from sentence_transformers.base.modules import InputModule
 from sentence_transformers.sentence_transformer.modules import Pooling
 from sentence_transformers.util import load_file_path
@@ -42,12 +42,32 @@ from cde_st.context import (
     validate_texts,
 )
 from cde_st.modules.backbone import NO_POSITION, get_adapter
+from cde_st.modules.integrity import (
+    META_TOKENIZER_SIZE,
+    STAGES,
+    check_finite,
+    check_recorded_configs,
+    check_state_dict,
+    check_tokenizer,
+    save_metadata,
+    tokenizer_source,
+)
 
 logger = logging.getLogger(__name__)
 
 CONTEXT_FILE = "context.safetensors"
 DEFAULT_QUERY_PROMPT = "search_query: "
 DEFAULT_DOCUMENT_PROMPT = "search_document: "
+# What ContextualTransformer.from_encoder builds unless told otherwise: the `mini` training preset's recipe
+# (cde_st/training.py; docs/RESULTS.md, issues 11-12), which starts as its source encoder. The constructor's own
+# defaults (joint attention, heads) stay those of the paper, so folders saved without these fields load unchanged.
+SOURCE_START: dict[str, Any] = {
+    "context_attention": "cached",
+    "context_gate": True,
+    "output_head": "none",
+    "first_stage_head": "none",
+}
+SOURCE_START_READING_LAYERS = 3  # the top 3 second-stage layers read the context (MiniLM: [3, 4, 5])
 
 
 def _resolve_attn_implementation(name: str | None) -> str:
@@ -469,8 +489,20 @@ class ContextualTransformer(InputModule):
         Weights are copied into two independent encoders (not shared), as in the paper. For a
         sentence-transformers folder the Transformer module's subfolder and ``max_seq_length`` are used.
         ``source``: the :func:`read_source_pipeline` of ``name_or_path`` when the caller has already read it.
+
+        Unless ``config`` names ``context_attention`` (or a released-compatibility field), the model starts as its
+        source: the recipe of the ``mini`` training preset (:data:`SOURCE_START`: cached context read through a
+        zero-initialised gate by the top three second-stage layers, no added heads), so untrained it gives the
+        encoder's embeddings whatever the context. ``context_attention="joint"`` gives the paper's joint attention
+        with the constructor's defaults (an untrained model then mixes the context into every text: issue 23).
+        Any field given in ``config`` wins over these defaults.
         """
         source = read_source_pipeline(name_or_path) if source is None else source
+        start_as_source = "context_attention" not in config and not (
+            config.get("embed_joint_sequence") or config.get("prefix_positions", "none") != "none"
+        )
+        if start_as_source:
+            config = {**SOURCE_START, **config}
         if source.pooling_mode != "mean":
             warnings.warn(
                 f"{name_or_path!r} pools with {source.pooling_mode!r}; the contextual model mean-pools its second "
@@ -491,6 +523,9 @@ class ContextualTransformer(InputModule):
         for encoder in (first, second):
             _own_storage(encoder)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if start_as_source and "context_layers" not in config:
+            num_layers = second.config.num_hidden_layers
+            config["context_layers"] = list(range(max(0, num_layers - SOURCE_START_READING_LAYERS), num_layers))
         if "max_seq_length" not in config:
             model_max = getattr(tokenizer, "model_max_length", 512) or 512
             limit = _position_limit(second) or 512
@@ -900,7 +935,13 @@ class ContextualTransformer(InputModule):
     def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
         os.makedirs(output_path, exist_ok=True)
         self.save_config(output_path)
-        self.save_torch_weights(output_path, safe_serialization=safe_serialization)
+        if safe_serialization:
+            # The metadata records what the weights go with (encoder configs, tokenizer size), checked on load.
+            stages = {stage: getattr(self, stage).config for stage in STAGES}
+            metadata = save_metadata(stages, self.tokenizer)
+            save_model(self, os.path.join(output_path, "model.safetensors"), metadata=metadata)
+        else:
+            self.save_torch_weights(output_path, safe_serialization=False)
         self.save_tokenizer(output_path)
         context_path = os.path.join(output_path, CONTEXT_FILE)
         if self.context_vectors is not None:
