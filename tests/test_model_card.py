@@ -94,3 +94,17 @@ def test_model_card_refreshed_when_a_loaded_model_is_saved_again(make_tiny_cde, 
     loaded.clear_context()
     loaded.save(str(tmp_path / "third"))
     assert "No corpus context is saved" in _section(tmp_path / "third")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context_size", [64, 512])
+def test_model_card_snippet_ranks_mars_first_for_an_untrained_minilm_model(minilm, tmp_path, context_size):
+    """Issue 23: the card of an untrained model built from all-MiniLM-L6-v2 printed 0.985 / 0.987 / 0.987 for
+    Venus, Mars and Saturn at J = 512 (joint attention); the model now starts as MiniLM and ranks Mars first."""
+    model = ContextualSentenceTransformer.from_encoder(minilm, context_size=context_size)
+    model.save(str(tmp_path / "m"))
+    snippet = _snippet(_section(tmp_path / "m"))
+    assert "Venus" in snippet and "Mars" in snippet and "Saturn" in snippet
+    printed = "\n".join(line[2:] for line in snippet.splitlines() if line.startswith("# tensor"))
+    venus, mars, saturn = _floats(printed)
+    assert mars > max(venus, saturn) + 0.05
