@@ -38,7 +38,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, ModernBertConfig, NomicBertConfig
 
-from cde_st.modules.contextual_transformer import ContextualTransformer
+from cde_st.modules.contextual_transformer import ContextualTransformer, _resolve_dtype, split_model_kwargs
+from cde_st.modules.integrity import STAGES, check_finite, check_state_dict, check_tokenizer, tokenizer_source
 
 #: Short names a user may type for the released models.
 ALIASES = {
@@ -322,6 +323,7 @@ def load_released(
     cache_folder: str | None = None,
     token: bool | str | None = None,
     local_files_only: bool = False,
+    model_kwargs: dict[str, Any] | None = None,
 ) -> ContextualTransformer:
     """Build the :class:`ContextualTransformer` of a released CDE model with its weights.
 
@@ -332,11 +334,17 @@ def load_released(
             ``backbone_config.json`` in the local folder if there is one, else the ``embedder`` repo's config.
         tokenizer: a tokenizer object or a tokenizer name/folder. Default: tokenizer files in the local folder if
             there are any, else the ``embedder`` repo's tokenizer (the released repos ship none).
+        model_kwargs: as for a native folder: ``dtype`` (or ``torch_dtype``; "auto": the dtype in ``config.json``)
+            and ``attn_implementation`` apply to both encoders; other keys are ignored with a warning.
+
+    The folder must load whole: tensors named and shaped as the backbone config says, all finite, and a tokenizer
+    that fits the embedding tables (a :class:`ReleasedCheckpointError` names what does not).
 
     Example:
         >>> module = load_released("jxm/cde-small-v2")                      # doctest: +SKIP
     """
     name = resolve_name(name_or_path)
+    dtype, attn_implementation = split_model_kwargs(model_kwargs, "load_released")
     hub = dict(revision=revision, cache_folder=cache_folder, token=token, local_files_only=local_files_only)
     cde = _read_json(_fetch(name, CONFIG_FILE, **hub))
     if not is_released_config(cde):
@@ -348,15 +356,18 @@ def load_released(
     backbone_hub = dict(cache_folder=cache_folder, token=token, local_files_only=local_files_only)
 
     if isinstance(backbone_config, dict):
-        raw = backbone_config
+        raw, config_source = backbone_config, "the backbone_config= dict"
     elif backbone_config is not None:
         path = Path(backbone_config).expanduser()
-        raw = _read_json(str(path / "config.json" if path.is_dir() else path))
+        config_source = str(path / "config.json" if path.is_dir() else path)
+        raw = _read_json(config_source)
     elif folder is not None and (folder / BACKBONE_CONFIG_FILE).is_file():
-        raw = _read_json(str(folder / BACKBONE_CONFIG_FILE))
+        config_source = str(folder / BACKBONE_CONFIG_FILE)
+        raw = _read_json(config_source)
     else:
         try:
-            raw = _read_json(_fetch(embedder, CONFIG_FILE, **backbone_hub))
+            config_source = _fetch(embedder, CONFIG_FILE, **backbone_hub)
+            raw = _read_json(config_source)
         except ReleasedCheckpointError as err:
             raise ReleasedCheckpointError(
                 f"The backbone config of {name} (its `embedder`, {embedder!r}) is not available: {err} "
@@ -370,7 +381,10 @@ def load_released(
             tokenizer = str(folder)
         else:
             tokenizer = embedder
+    token_source = "the tokenizer= object"
     if isinstance(tokenizer, (str, os.PathLike)):
+        local = Path(tokenizer).expanduser()
+        token_source = tokenizer_source(str(local)) if local.is_dir() else repr(str(tokenizer))
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), **_tokenizer_hub(backbone_hub))
         except Exception as err:
@@ -385,19 +399,28 @@ def load_released(
         reference = load_file(weights_path)
     except Exception as err:
         raise ReleasedCheckpointError(f"{weights_path} could not be read as safetensors: {err}") from err
-    module = ContextualTransformer(config, copy.deepcopy(config), tokenizer, **fields)
+    if attn_implementation is not None:
+        fields["attn_implementation"] = attn_implementation
+    try:
+        module = ContextualTransformer(config, copy.deepcopy(config), tokenizer, **fields)
+    except ValueError as err:  # e.g. an attention implementation that cannot run these settings
+        raise ReleasedCheckpointError(f"{name}: {err}") from None
+    module.attn_implementation = "sdpa"  # a load-time choice: a converted folder records the released setting
     state = convert_state_dict(reference, config.model_type)
-    own = module.state_dict()
-    # null_vector is cde_st's own slot filler: the releases have none (tiled contexts never need it)
-    missing = sorted(set(own) - set(state) - {"null_vector"})
-    unexpected = sorted(set(state) - set(own))
-    mismatched = sorted(k for k in set(state) & set(own) if own[k].shape != state[k].shape)
-    if missing or unexpected or mismatched:
-        raise ReleasedCheckpointError(
-            f"{weights_path} does not match the {config.model_type} backbone config: missing {missing[:8]}, "
-            f"unexpected {unexpected[:8]}, shape mismatch {mismatched[:8]}."
-        )
-    module.load_state_dict(state, strict=False)
+    try:
+        # null_vector is cde_st's own slot filler: the releases have none (tiled contexts never need it)
+        shapes = {key: tuple(t.shape) for key, t in state.items()}
+        source = f"the {config.model_type} config ({config_source})"
+        check_state_dict(module, shapes, weights_path, source, ignore={"null_vector"})
+        tables = {stage: getattr(module, stage).get_input_embeddings().num_embeddings for stage in STAGES}
+        check_tokenizer(tokenizer, tables, token_source, weights_path)
+        module.load_state_dict(state, strict=False)
+        check_finite(module, weights_path)
+        dtype = _resolve_dtype(dtype, cde)
+    except ValueError as err:
+        raise ReleasedCheckpointError(str(err)) from None
+    if dtype is not None:
+        module.to(dtype)
     module.eval()
     return module
 

@@ -1,0 +1,206 @@
+"""Checks that a model folder loads whole, shared by the native and the released loading routes.
+
+A folder can be incomplete or mixed without any file being unreadable: ``tokenizer.json`` missing (transformers then
+builds a tokenizer from ``tokenizer_config.json`` alone, five special tokens, every word ``[UNK]``), a weights file
+from another save, a config edited by hand, a training run that diverged into NaN. Loading such a folder gives
+wrong embeddings with no error. The checks here turn each case into an error that names the folder, the file and
+the field:
+
+- the tokenizer against the embedding tables (ids beyond the table; far fewer tokens than rows; a size other than
+  the one recorded at save time),
+- the weights file against the module built from the config (missing, unexpected, mis-shaped tensors; the encoder
+  configs recorded in the weights file's metadata at save time, field by field),
+- every floating-point weight finite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+#: Metadata keys of ``model.safetensors`` written by :meth:`ContextualTransformer.save`.
+META_CONFIG = "cde_st.{stage}_config"
+META_TOKENIZER_SIZE = "cde_st.tokenizer_size"
+STAGES = ("first_stage", "second_stage")
+
+#: A tokenizer with fewer tokens than this fraction of the embedding rows is not the model's own (padded tables,
+#: e.g. NomicBERT's 30528 rows for 30522 tokens or ModernBERT's 50368 for 50280, are far above it).
+MIN_VOCAB_FRACTION = 0.5
+#: Files a tokenizer may be built from; the first is the one whose absence degrades silently.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt", "spm.model")
+
+# Config fields that do not change what the encoder computes at inference, or that are load-time choices
+# (dtype, attention kernel): they may differ between the recorded and the loaded config.
+_FREE_FIELDS = {
+    "transformers_version",
+    "architectures",
+    "dtype",
+    "torch_dtype",
+    "name_or_path",
+    "output_hidden_states",
+    "output_attentions",
+    "return_dict",
+    "use_cache",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "finetuning_task",
+    "tokenizer_class",
+    "task_specific_params",
+    "chunk_size_feed_forward",
+    "gradient_checkpointing",
+    "initializer_range",
+}
+
+
+def _free(field: str) -> bool:
+    # dropout only acts in training, and a fine-tuning run may change it on purpose
+    return field.startswith("_") or field in _FREE_FIELDS or "dropout" in field
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def computation_config(config) -> dict[str, Any]:
+    """The fields of a transformers config that change what the encoder computes (JSON values)."""
+    return {k: _jsonable(v) for k, v in config.to_dict().items() if not _free(k)}
+
+
+def save_metadata(stages: dict[str, Any], tokenizer) -> dict[str, str]:
+    """safetensors metadata recording what the weights were saved with: each encoder's computation config and the
+    tokenizer's size. ``stages``: stage name -> transformers config."""
+    metadata = {META_CONFIG.format(stage=name): json.dumps(computation_config(c)) for name, c in stages.items()}
+    if tokenizer is not None:
+        metadata[META_TOKENIZER_SIZE] = str(len(tokenizer))
+    return metadata
+
+
+def tokenizer_source(folder: str | None) -> str:
+    """Where a tokenizer came from, with the tokenizer files that folder has (or lacks)."""
+    if folder is None or not os.path.isdir(folder):
+        return repr(folder)
+    present = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(folder, f))]
+    note = f"files: {', '.join(present) or 'none'}"
+    if TOKENIZER_FILES[0] not in present:
+        note += f"; {TOKENIZER_FILES[0]} is missing, so transformers built the tokenizer from the other files alone"
+    return f"{folder} ({note})"
+
+
+def check_tokenizer(
+    tokenizer, tables: dict[str, int], source: str, weights: str, recorded_size: int | None = None
+) -> None:
+    """The tokenizer must fit the embedding tables: no id beyond a table, not far fewer tokens than its rows,
+    and (when the weights file records it) the size it had when the model was saved.
+
+    ``tables``: stage name -> rows of its token embedding table; ``source``: where the tokenizer was loaded from
+    (:func:`tokenizer_source`); ``weights``: the weights file the tables come from."""
+    size = len(tokenizer)
+    vocab = tokenizer.get_vocab()
+    top = max(vocab.values()) if vocab else -1
+    for stage, rows in tables.items():
+        problem = None
+        if top >= rows:
+            problem = f"produces token ids up to {top}, beyond the {rows} rows of {stage}'s embedding table"
+        elif recorded_size is not None and size != recorded_size:
+            problem = f"has {size} tokens, but the model was saved with a {recorded_size}-token tokenizer"
+        elif size < MIN_VOCAB_FRACTION * rows:
+            problem = f"has only {size} tokens for the {rows} rows of {stage}'s embedding table"
+        if problem is not None:
+            raise ValueError(
+                f"The tokenizer loaded from {source} {problem} (in {weights}): it is not this model's tokenizer, and "
+                "most words would encode wrongly. Put the tokenizer files the model was saved with (tokenizer.json, "
+                "tokenizer_config.json) back beside the weights, or save the model again."
+            )
+
+
+def check_recorded_configs(module: nn.Module, metadata: dict[str, str], weights: str, config_path: str) -> None:
+    """The encoders built from ``config_path`` must compute what the weights were saved with (the configs
+    recorded in the weights file's metadata), field by field. Files saved before cde_st recorded them pass."""
+    for stage in STAGES:
+        recorded = metadata.get(META_CONFIG.format(stage=stage))
+        if recorded is None:
+            continue
+        built = computation_config(getattr(module, stage).config)
+        differ = {k: (v, built[k]) for k, v in json.loads(recorded).items() if k in built and built[k] != v}
+        if differ:
+            fields = ", ".join(f"{k}={new!r} (saved with {old!r})" for k, (old, new) in sorted(differ.items()))
+            raise ValueError(
+                f"{config_path}: {stage}_config does not match the encoder the weights in {weights} were saved with: "
+                f"{fields}. The config was edited or comes from another save; restore the saved values or save the "
+                "model again."
+            )
+
+
+_LAYER = re.compile(r"^(\w+?)\.(?:encoder\.)?layers?\.(\d+)\.")
+
+
+def _layer_counts(names) -> dict[str, int]:
+    counts: dict[str, set[str]] = {}
+    for name in names:
+        match = _LAYER.match(name)
+        if match:
+            counts.setdefault(match.group(1), set()).add(match.group(2))
+    return {stage: len(layers) for stage, layers in counts.items()}
+
+
+def _tied(model_state: dict[str, torch.Tensor], name: str, present: set[str]) -> bool:
+    """Whether ``name`` shares its storage with a tensor the file holds (safetensors stores a tied tensor once)."""
+    ptr = model_state[name].untyped_storage().data_ptr()
+    return any(model_state[k].untyped_storage().data_ptr() == ptr for k in present if k in model_state)
+
+
+def check_state_dict(
+    module: nn.Module, shapes: dict[str, tuple[int, ...]], weights: str, config_path: str, ignore=()
+) -> None:
+    """The tensors in a weights file (name -> shape) must be exactly the module's: every name present, none extra,
+    every shape equal. The error names the tensors and, for layer counts, the config field."""
+    own = module.state_dict()
+    present = set(shapes)
+    missing = sorted(k for k in set(own) - present - set(ignore) if not _tied(own, k, present))
+    unexpected = sorted(present - set(own))
+    mismatched = sorted(k for k in present & set(own) if tuple(own[k].shape) != tuple(shapes[k]))
+    if not (missing or unexpected or mismatched):
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing tensor(s) {missing[:5]}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected tensor(s) {unexpected[:5]}")
+    if mismatched:
+        shown = ", ".join(
+            f"{k}: {tuple(shapes[k])} in the file, {tuple(own[k].shape)} by the config" for k in mismatched[:5]
+        )
+        parts.append(f"{len(mismatched)} shape mismatch(es) ({shown})")
+    hints = []
+    in_file, by_config = _layer_counts(present), _layer_counts(own)
+    for stage in sorted(set(in_file) | set(by_config)):
+        if in_file.get(stage, 0) != by_config.get(stage, 0):
+            hints.append(
+                f"{stage} has {in_file.get(stage, 0)} layers in the file, {by_config.get(stage, 0)} by the config"
+            )
+    hint = f" ({'; '.join(hints)}: num_hidden_layers)" if hints else ""
+    raise ValueError(
+        f"{weights} does not match {config_path}: {'; '.join(parts)}{hint}. The weights and the config come from "
+        "different models or saves (or the file is incomplete); check num_hidden_layers, hidden_size, "
+        "intermediate_size and vocab_size, or save the model again."
+    )
+
+
+def check_finite(module: nn.Module, weights: str) -> None:
+    """Every floating-point weight finite: a NaN or inf weight makes every embedding NaN (or silently wrong)."""
+    bad = [
+        name
+        for name, tensor in module.state_dict().items()
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    ]
+    if bad:
+        raise ValueError(
+            f"{weights} holds NaN or infinite values in {len(bad)} tensor(s): {bad[:5]}. The training run that wrote "
+            "it diverged or the file is damaged; load an earlier checkpoint."
+        )
