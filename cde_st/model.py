@@ -146,7 +146,13 @@ class ContextualSentenceTransformer(SentenceTransformer):
             and not kwargs.get("modules")
             and is_released_checkpoint(str(model_name_or_path), **hub)
         ):
-            module = load_released(str(model_name_or_path), backbone_config=backbone_config, tokenizer=tokenizer, **hub)
+            module = load_released(
+                str(model_name_or_path),
+                backbone_config=backbone_config,
+                tokenizer=tokenizer,
+                model_kwargs=kwargs.pop("model_kwargs", None),
+                **hub,
+            )
             for key in ("revision", "cache_folder", "token", "local_files_only", "trust_remote_code"):
                 kwargs.pop(key, None)
             kwargs.setdefault("prompts", dict(RELEASED_PROMPTS))

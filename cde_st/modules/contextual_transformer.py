@@ -150,6 +150,30 @@ def _resolve_dtype(value: Any, encoder_config: dict) -> torch.dtype | None:
     return dtype
 
 
+def split_model_kwargs(
+    model_kwargs: dict[str, Any] | None, loader: str, stacklevel: int = 3, **kwargs
+) -> tuple[Any, str | None]:
+    """The loading options a contextual model applies: ``model_kwargs`` ``dtype`` (or ``torch_dtype``) and
+    ``attn_implementation``, as ``(dtype, attn_implementation)`` (None: not given). Every other ``model_kwargs``
+    key, and a non-empty ``config_kwargs`` / ``processor_kwargs`` in ``kwargs``, is ignored with a warning that
+    names it and ``loader``."""
+    model_kwargs = dict(model_kwargs or {})
+    dtype = model_kwargs.pop("dtype", None)
+    torch_dtype = model_kwargs.pop("torch_dtype", None)
+    dtype = dtype if dtype is not None else torch_dtype
+    attn_implementation = model_kwargs.pop("attn_implementation", None)
+    ignored = [f"model_kwargs[{key!r}]" for key in sorted(model_kwargs)]
+    ignored += [name for name in ("config_kwargs", "processor_kwargs") if kwargs.get(name)]
+    if ignored:
+        warnings.warn(
+            f"{loader} ignores {', '.join(ignored)}: of model_kwargs it applies only 'dtype' "
+            "(or 'torch_dtype') and 'attn_implementation'.",
+            UserWarning,
+            stacklevel=stacklevel,
+        )
+    return dtype, attn_implementation
+
+
 def _corrupt_file_error(path: str | None, exc: Exception) -> ValueError:
     return ValueError(
         f"{path} is corrupt or truncated and cannot be read ({type(exc).__name__}: {exc}). Copy or save the model "
@@ -972,20 +996,7 @@ class ContextualTransformer(InputModule):
         ``model_kwargs``, ``config_kwargs`` and ``processor_kwargs`` are ignored with a warning; a ``backend``
         other than "torch" is an error."""
         check_backend(backend)
-        model_kwargs = dict(model_kwargs or {})
-        dtype = model_kwargs.pop("dtype", None)
-        torch_dtype = model_kwargs.pop("torch_dtype", None)
-        dtype = dtype if dtype is not None else torch_dtype
-        attn_implementation = model_kwargs.pop("attn_implementation", None)
-        ignored = [f"model_kwargs[{key!r}]" for key in sorted(model_kwargs)]
-        ignored += [name for name in ("config_kwargs", "processor_kwargs") if kwargs.get(name)]
-        if ignored:
-            warnings.warn(
-                f"ContextualTransformer.load ignores {', '.join(ignored)}: of model_kwargs it applies only 'dtype' "
-                "(or 'torch_dtype') and 'attn_implementation'.",
-                UserWarning,
-                stacklevel=2,
-            )
+        dtype, attn_implementation = split_model_kwargs(model_kwargs, "ContextualTransformer.load", **kwargs)
         hub = dict(
             subfolder=subfolder,
             token=token,
@@ -1000,7 +1011,15 @@ class ContextualTransformer(InputModule):
         context_info = config.pop("context_info", None)
         first, second = config.pop("first_stage_config"), config.pop("second_stage_config")
         dtype = _resolve_dtype(dtype, second)
-        tokenizer = AutoTokenizer.from_pretrained(cls.load_dir_path(model_name_or_path, **hub))
+        tokenizer_dir = cls.load_dir_path(model_name_or_path, **hub)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(
+                f"The tokenizer of {tokenizer_source(tokenizer_dir)} cannot be loaded ({type(exc).__name__}: {exc}). "
+                "Put the tokenizer files the model was saved with (tokenizer.json, tokenizer_config.json) back "
+                "beside the weights, or save the model again."
+            ) from None
         saved_attn = config.get("attn_implementation", "auto")
         if attn_implementation is not None:
             config["attn_implementation"] = attn_implementation
@@ -1010,19 +1029,48 @@ class ContextualTransformer(InputModule):
             raise ValueError(f"{config_path}: {exc}") from None
         # A load-time choice (like transformers' attn_implementation): a later save keeps the saved value.
         module.attn_implementation = saved_attn
-        try:
-            cls.load_torch_weights(model_name_or_path, model=module, **hub)
-        except (SafetensorError, EOFError, pickle.UnpicklingError) as exc:
-            weights = load_file_path(model_name_or_path, "model.safetensors", **hub) or load_file_path(
-                model_name_or_path, "pytorch_model.bin", **hub
-            )
-            raise _corrupt_file_error(weights, exc) from None
+        weights = load_file_path(model_name_or_path, "model.safetensors", **hub) or load_file_path(
+            model_name_or_path, "pytorch_model.bin", **hub
+        )
+        module._load_weights(weights, config_path, tokenizer_dir)
         if dtype is not None:
             module.to(dtype)  # before the context is restored: the saved context vectors stay float32
         context_path = load_file_path(model_name_or_path, CONTEXT_FILE, **hub)
         expected_path = os.path.join(model_name_or_path, subfolder, CONTEXT_FILE)
         module._load_context(context_path or expected_path, context_path is not None, context_info, config_path)
         return module
+
+    def _load_weights(self, weights: str | None, config_path: str, tokenizer_dir: str | None) -> None:
+        """Load ``model.safetensors`` (or ``pytorch_model.bin``) into the module built from ``config_path``, once
+        the folder is known to be whole (:mod:`cde_st.modules.integrity`): the encoder configs the weights were
+        saved with, every tensor's name and shape, the tokenizer against the embedding tables, finite values."""
+        if weights is None:
+            folder = os.path.dirname(config_path)
+            raise FileNotFoundError(
+                f"{folder} has no model.safetensors (or pytorch_model.bin) beside {os.path.basename(config_path)}: "
+                "the weights are missing. Copy them from where the model was saved."
+            )
+        try:
+            if weights.endswith(".safetensors"):
+                with safe_open(weights, framework="pt") as f:
+                    metadata = f.metadata() or {}
+                    state = {key: f.get_tensor(key) for key in f.keys()}
+            else:
+                metadata, state = {}, torch.load(weights, map_location="cpu", weights_only=True)
+        except (SafetensorError, EOFError, pickle.UnpicklingError) as exc:
+            raise _corrupt_file_error(weights, exc) from None
+        check_recorded_configs(self, metadata, weights, config_path)
+        check_state_dict(self, {key: tuple(t.shape) for key, t in state.items()}, weights, config_path)
+        recorded = metadata.get(META_TOKENIZER_SIZE)
+        check_tokenizer(
+            self.tokenizer,
+            {stage: getattr(self, stage).get_input_embeddings().num_embeddings for stage in STAGES},
+            tokenizer_source(tokenizer_dir),
+            weights,
+            int(recorded) if recorded is not None else None,
+        )
+        self.load_state_dict(state, strict=False)  # strict in effect: check_state_dict compared every name
+        check_finite(self, weights)
 
     @classmethod
     def _read_config(cls, config_path: str) -> dict[str, Any]:
