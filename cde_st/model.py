@@ -115,6 +115,12 @@ class ContextualSentenceTransformer(SentenceTransformer):
     ``encode(..., dataset_embeddings=vectors)`` overrides the context for one call. With no context the model
     uses the null context (a plain bi-encoder) and warns once.
 
+    Prompts: ``encode_query`` applies ``prompts["query"]``, ``encode_document`` and the context documents
+    ``prompts["document"]``, and plain ``encode(texts)`` embeds like ``encode_document``: a model with a document
+    prompt has ``default_prompt_name="document"`` (sentence-transformers' default prompt, saved with the model, so
+    ``SentenceTransformer(path, trust_remote_code=True)`` does the same). ``encode(texts, prompt="")`` embeds with
+    no prompt; ``model.default_prompt_name = None`` turns the default off for this model object.
+
     The released models load natively, without remote code (see :mod:`cde_st.released`)::
 
         model = ContextualSentenceTransformer("jxm/cde-small-v2")   # or "cde-small", "cde-small-v1", a local copy
@@ -176,6 +182,9 @@ class ContextualSentenceTransformer(SentenceTransformer):
                 "To build a contextual model from a pretrained encoder use "
                 "ContextualSentenceTransformer.from_encoder(name_or_path, context_size=J)."
             )
+        if self.default_prompt_name is None and self.prompts.get("document"):
+            # encode() embeds like encode_document (sentence-transformers' default prompt), matching the context.
+            self.default_prompt_name = "document"
         self._sync_module_prompts()
 
     @classmethod

@@ -352,6 +352,12 @@ def test_wrapper_applies_prefixes_and_model_prompts(data_dir):
     plain.encode(loader, task_metadata=ret.metadata, hf_split="test", hf_subset="default", prompt_type=PromptType.query)
     assert model.calls[-1][:2] == ("query", "Q: ")
     assert not plain.contextual
+    # a model whose encode() applies a default prompt (cde_st: the document prompt) gets it named, so its
+    # context documents get the same prefix
+    model.prompts, model.default_prompt_name = {"query": "Q: ", "document": "D: "}, "document"
+    plain.encode(loader, task_metadata=task.metadata, hf_split="test", hf_subset="default")
+    assert model.calls[-1][:2] == ("encode", "D: ")
+    assert plain._context_prompt(task.metadata) == "D: "
 
 
 # ------------------------------------------------------------------------------------------------------------

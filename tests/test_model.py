@@ -402,3 +402,22 @@ def test_folders_keep_their_attention_when_loaded(make_tiny_cde, tiny_bert_dir, 
     gated.save(str(tmp_path / "gated"))
     module = ContextualSentenceTransformer(str(tmp_path / "gated")).contextual_module
     assert (module.context_attention, module.context_gate, module.context_layers) == ("cached", True, [0, 1])
+
+
+def test_encode_after_set_context_embeds_like_encode_document(make_tiny_cde, tmp_path):
+    """Issue 24: plain encode() after set_context used no prompt while encode_document used its own (and the
+    context documents got it): encode() now embeds as a document, on every loading route."""
+    model = make_tiny_cde(context_size=4, prompts={"query": "q: ", "document": "passage: "})
+    model.set_context(DOCS, seed=0)
+    document = model.encode_document(DOCS[:3])
+    assert model.default_prompt_name == "document"
+    np.testing.assert_array_equal(model.encode(DOCS[:3]), document)
+    assert not np.allclose(model.encode(DOCS[:3], prompt=""), document, atol=1e-4)  # no prompt, when asked
+    assert not np.allclose(model.encode_query(DOCS[:3]), document, atol=1e-4)
+    model.save(str(tmp_path / "m"))
+    for loaded in (
+        ContextualSentenceTransformer(str(tmp_path / "m")),
+        SentenceTransformer(str(tmp_path / "m"), trust_remote_code=True),
+    ):
+        np.testing.assert_allclose(loaded.encode(DOCS[:3]), document, atol=1e-6)
+    assert make_tiny_cde(context_size=4, prompts={}).default_prompt_name is None

@@ -212,7 +212,10 @@ class ContextualEncoderWrapper(AbsEncoder):
         from mteb.models.abs_encoder import get_prompt
 
         prompts = {k: v for k, v in (getattr(self.model, "prompts", None) or {}).items() if v}
-        return get_prompt(prompts or None, task_metadata, prompt_type)
+        prompt = get_prompt(prompts or None, task_metadata, prompt_type)
+        if prompt is None:  # encode() would apply the model's default prompt: say so, so the context gets it too
+            prompt = prompts.get(getattr(self.model, "default_prompt_name", None) or "")
+        return prompt
 
     def _context_prompt(self, task_metadata: TaskMetadata) -> str:
         """The prefix of the task's context documents: whatever its documents are encoded with."""
