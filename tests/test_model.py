@@ -421,3 +421,23 @@ def test_encode_after_set_context_embeds_like_encode_document(make_tiny_cde, tmp
     ):
         np.testing.assert_allclose(loaded.encode(DOCS[:3]), document, atol=1e-6)
     assert make_tiny_cde(context_size=4, prompts={}).default_prompt_name is None
+
+
+def test_module_set_context_follows_the_model_prompts(make_tiny_cde, tmp_path):
+    """model.prompts is the source of truth for the context documents' prompt: model[0].set_context uses the
+    document prompt the model has now, not the one it was built or loaded with (on both loading routes)."""
+    model = make_tiny_cde(context_size=4, prompts={"query": "q: ", "document": "passage: "})
+    model.prompts = {"query": "q: ", "document": "doc: "}
+    assert model[0].set_context(DOCS, seed=0).prompt == "doc: "
+    assert model.set_context(DOCS, seed=0).prompt == "doc: "
+    model.prompts["document"] = "text: "  # edited in place
+    assert model[0].set_context(DOCS, seed=0).prompt == "text: " == model[0].embed_context(DOCS)[1].prompt
+    model.save(str(tmp_path / "m"))
+    for loaded in (
+        ContextualSentenceTransformer(str(tmp_path / "m")),
+        SentenceTransformer(str(tmp_path / "m"), trust_remote_code=True),
+    ):
+        loaded.prompts["document"] = "other: "
+        assert loaded[0].set_context(DOCS, seed=0).prompt == "other: "
+        del loaded.prompts["document"]
+        assert loaded[0].set_context(DOCS, seed=0).prompt == ""

@@ -17,6 +17,7 @@ import logging
 import os
 import pickle
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ from transformers.utils import logging as transformers_logging
 
 from cde_st.context import (
     ContextInfo,
+    check_seed,
     fingerprint_array,
     fingerprint_texts,
     sample_context,
@@ -179,6 +181,19 @@ def _corrupt_file_error(path: str | None, exc: Exception) -> ValueError:
         f"{path} is corrupt or truncated and cannot be read ({type(exc).__name__}: {exc}). Copy or save the model "
         "again (an interrupted download or copy leaves a partial file)."
     )
+
+
+@torch.no_grad()
+def _values_fingerprint(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A fingerprint of the *values* of ``tensors``: the sum of every row (last dimension), concatenated, float32.
+
+    One read of the values, so it sees every way a weight can change (optimizer steps, fused ones included, which
+    do not bump version counters; ``param.data = ...``; in-place edits through ``.data``; ``load_state_dict``):
+    any change of an element larger than the rounding of its row's sum, and any move of values between rows.
+    Compare two with ``torch.equal``."""
+    sums = [t.detach().reshape(-1, t.shape[-1] if t.ndim else 1).sum(-1).float() for t in tensors]
+    device = sums[0].device if sums else None
+    return torch.cat([s.to(device) for s in sums]) if sums else torch.zeros(0)
 
 
 def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -487,8 +502,9 @@ class ContextualTransformer(InputModule):
         self.gates = (
             nn.Parameter(torch.zeros(config2.num_hidden_layers, config2.num_attention_heads)) if context_gate else None
         )
-        # Cached mode, inference: the active context's per-layer keys/values, keyed by the context they came from.
-        self._context_cache: tuple[Any, list] | None = None
+        # Cached mode, inference: (prefix rows, fingerprint of the second stage, per-layer keys/values). Reused only
+        # for an equal prefix and (checked once per encode call, see _check_weights) unchanged second-stage weights.
+        self._context_cache: tuple[torch.Tensor, torch.Tensor, list] | None = None
         self._register_load_state_dict_pre_hook(self._drop_context_cache)  # new weights: the cache is stale
         if output_head == "none":
             self.head = nn.Identity()
@@ -501,8 +517,14 @@ class ContextualTransformer(InputModule):
         self.context_info: ContextInfo | None = None
         self._warned_null_context = False
         self._context_texts: list[str] | None = None  # the prompted documents of the active context, if texts
-        self._context_stage_version: int | None = None
+        # Fingerprint (_values_fingerprint) of the first-stage weights the active context vectors were embedded with,
+        # and the token ids of its documents (only their rows of the embedding table feed the vectors).
+        self._context_weights: torch.Tensor | None = None
+        self._context_token_ids: torch.Tensor | None = None
+        self._weights_check_due = True  # set by eval() (once per encode call): compare fingerprints before use
+        self._weights_key: tuple | None = None  # (storage, version) of every parameter at the last check
         self._warned_stale_context = False
+
         self._prompt_length_cache: dict[str, int] = {}
 
     # ------------------------------------------------------------------ construction
@@ -593,6 +615,52 @@ class ContextualTransformer(InputModule):
 
     def get_embedding_dimension(self) -> int:
         return self.hidden_size
+
+    # ------------------------------------------------------------------ prompts
+    # Inside a SentenceTransformer, the model's ``prompts`` are the one source of truth: ``query_prompt`` and
+    # ``document_prompt`` read them (so ``model[0].set_context`` prefixes the context with the document prompt the
+    # model has now, after ``model.prompts`` changed) and are saved as read. Outside one, the module's own values.
+    def on_model_ready(self, model) -> None:
+        self._owner = weakref.ref(model)  # weak: the model owns the module, not the other way round
+
+    def _owner_prompts(self) -> dict[str, str] | None:
+        owner = self.__dict__.get("_owner")
+        model = owner() if owner is not None else None
+        if model is None or not any(m is self for m in model._modules.values()):
+            return None
+        return getattr(model, "prompts", None) or {}
+
+    @property
+    def query_prompt(self) -> str:
+        prompts = self._owner_prompts()
+        return self._query_prompt if prompts is None else prompts.get("query") or ""
+
+    @query_prompt.setter
+    def query_prompt(self, value: str) -> None:
+        self._query_prompt = value
+
+    @property
+    def document_prompt(self) -> str:
+        prompts = self._owner_prompts()
+        return self._document_prompt if prompts is None else prompts.get("document") or ""
+
+    @document_prompt.setter
+    def document_prompt(self, value: str) -> None:
+        self._document_prompt = value
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A weak reference cannot be pickled (multi-process pools pickle the model): pickle the owner itself, which
+        # is the model being pickled, so the copy points at the copied model.
+        state = super().__getstate__().copy()
+        owner = state.pop("_owner", None)
+        state["_owner_model"] = owner() if owner is not None else None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        model = state.pop("_owner_model", None)
+        super().__setstate__(state)
+        self._owner = weakref.ref(model) if model is not None else None
 
     # ------------------------------------------------------------------ tokenisation
     def _tokenize(self, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
@@ -689,53 +757,117 @@ class ContextualTransformer(InputModule):
         show_progress_bar: bool | None = None,
     ) -> ContextInfo:
         """Make ``context`` the active context: corpus texts (sampled, prefixed, embedded once) or precomputed
-        first-stage vectors of shape (n, hidden_size) with n <= context_size. Returns the :class:`ContextInfo`."""
+        first-stage vectors of shape (n, hidden_size) with n <= context_size. Returns the :class:`ContextInfo`.
+
+        The sample depends only on the corpus as a set of documents, ``context_size`` and ``seed`` (a non-negative
+        int), not on the corpus order (see :func:`cde_st.context.sample_context`). A numpy array of strings counts
+        as texts; vectors that require grad are used detached. The context stays current: if the weights it was
+        embedded with change (training, an optimizer step, ``load_state_dict``, ``param.data = ...``), the next
+        encode or :meth:`save` re-embeds the same documents."""
+        if context is None:
+            raise TypeError(
+                "set_context: context is None. Give corpus texts (a list of strings) or first-stage vectors of "
+                f"shape (n, {self.hidden_size}); to remove the active context, call clear_context()."
+            )
+        if isinstance(context, np.ndarray) and context.dtype.kind in "USO":
+            context = context.tolist()  # strings (or objects, checked as texts)
         if isinstance(context, (torch.Tensor, np.ndarray)):
-            vectors = self.validate_context_vectors(context)
+            vectors = self.validate_context_vectors(context).detach()
             info = ContextInfo(
                 size=len(vectors), seed=None, fingerprint=fingerprint_array(vectors.cpu().numpy()), source="vectors"
             )
             texts = None
         else:
-            vectors, info, texts = self._embed_corpus(context, seed, prompt, batch_size, show_progress_bar)
+            vectors, info, texts = self._embed_corpus(context, check_seed(seed), prompt, batch_size, show_progress_bar)
         self._activate_context(vectors, info, texts)
         return info
 
-    def _activate_context(self, vectors: torch.Tensor | None, info: ContextInfo | None, texts: list[str] | None):
+    def _activate_context(
+        self,
+        vectors: torch.Tensor | None,
+        info: ContextInfo | None,
+        texts: list[str] | None,
+        weights: torch.Tensor | None = None,
+    ):
         """The one place the active context changes (None: no context). ``texts``: the prompted documents the
-        vectors were embedded from, kept to re-embed them if the first stage changes."""
+        vectors were embedded from, kept to re-embed them if the first stage changes. ``weights``: the first-stage
+        fingerprint the vectors belong to (None: the current weights, i.e. the vectors were just computed)."""
         self._drop_context_cache()
         self.context_vectors = None if vectors is None else vectors.detach().to(self.device)
         self.context_info = info
         self._context_texts = texts
-        self._context_stage_version = None if vectors is None else self._first_stage_version()
+        self._context_token_ids = None
+        if texts is not None:
+            ids = self.preprocess_context(texts)["input_ids"]
+            self._context_token_ids = torch.unique(ids).to(self.device)
+        if vectors is None:
+            self._context_weights = None
+        else:
+            self._context_weights = self._first_stage_fingerprint() if weights is None else weights
         self._warned_stale_context = False
 
     def context_snapshot(self) -> tuple:
-        """The active context as an opaque value for :meth:`restore_context` (to set a context temporarily)."""
-        return self.context_vectors, self.context_info, self._context_texts
+        """The active context as an opaque value for :meth:`restore_context` (to set a context temporarily). It
+        remembers which first-stage weights the vectors came from, so restoring it after the weights changed
+        re-embeds them at the next use instead of passing them off as current."""
+        return self.context_vectors, self.context_info, self._context_texts, self._context_weights
 
     def restore_context(self, snapshot: tuple) -> None:
         """Make a :meth:`context_snapshot` the active context again."""
-        self._activate_context(*snapshot)
+        vectors, info, texts, weights = snapshot
+        self._activate_context(vectors, info, texts, weights=weights)
 
     # ------------------------------------------------------------------ keeping the context fresh
-    def _first_stage_version(self) -> int:
-        """Changes whenever a weight of the first stage or of the context head changes in place (optimiser steps,
-        load_state_dict): the sum of their tensors' version counters."""
-        return sum(p._version for p in (*self.first_stage.parameters(), *self.context_head.parameters()))
+    @torch.no_grad()
+    def _first_stage_fingerprint(self) -> torch.Tensor:
+
+        """:func:`_values_fingerprint` of what the active context vectors are computed from: the first stage and
+        the context head, of the input-embedding table only the rows of the context's tokens (all rows for vectors
+        given directly). One read of those weights (MiniLM, 64 documents: ~12M values)."""
+        table = self.first_stage.get_input_embeddings().weight
+        tensors = [p for p in self.first_stage.parameters() if p is not table]
+        tensors += list(self.context_head.parameters())
+        ids = self._context_token_ids
+        tensors.append(table if ids is None else table[ids])
+        return _values_fingerprint(tensors)
+
+    def _second_stage_fingerprint(self) -> torch.Tensor:
+        """:func:`_values_fingerprint` of the second-stage weights behind the cached keys/values (its layers; the
+        input-embedding table is not used by the prefix rows)."""
+        table = self.second_stage.get_input_embeddings().weight
+        return _values_fingerprint([p for p in self.second_stage.parameters() if p is not table])
+
+    def _check_weights(self) -> None:
+        """Before an inference forward uses the active context or the cached keys/values: if a check is due, compare
+        the fingerprints of the weights they came from with the current ones (re-embed the context, drop the
+        cache where they differ). Due once per encode call (sentence-transformers' encode calls eval()) and
+        whenever a parameter's storage or version counter moved, so direct forward calls see ordinary edits too;
+        batches of one encode call then cost only the version look-up."""
+        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        if not self._weights_check_due and key == self._weights_key:
+            return
+        self.refresh_context()
+        if self._context_cache is not None and not torch.equal(
+            self._context_cache[1], self._second_stage_fingerprint()
+        ):
+            self._drop_context_cache()
+        self._weights_key = key
+        self._weights_check_due = False
 
     def refresh_context(self) -> bool:
         """Recompute the active context if the first stage changed since it was set (e.g. by training).
 
-        A context set from texts is re-embedded from the same sampled documents (its fingerprint stays the same);
-        vectors given directly cannot be recomputed, and a warning says so once. Called before every encode that
-        uses the active context and by :meth:`save`, so a stale context is never used or written. Returns whether
-        the context was recomputed."""
-        if self.context_vectors is None or self._context_stage_version is None:
+        The check compares a fingerprint of the weights' values (:func:`_values_fingerprint`), so any way of
+        changing them counts: optimizer steps (fused ones too), ``param.data = ...``, in-place edits,
+        ``load_state_dict``. A context set from texts is re-embedded from the same sampled documents (its
+        fingerprint stays the same); vectors given directly cannot be recomputed, and a warning says so once.
+        Called before the first batch of every encode that uses the active context and by :meth:`save`, so a
+        stale context is never used or written. Returns whether the context was recomputed."""
+        if self.context_vectors is None or self._context_weights is None:
             return False
-        if self._first_stage_version() == self._context_stage_version:
+        if torch.equal(self._first_stage_fingerprint(), self._context_weights):
             return False
+
         if self._context_texts is None:
             if not self._warned_stale_context:
                 warnings.warn(
@@ -791,13 +923,15 @@ class ContextualTransformer(InputModule):
 
     def _context_slots(self, dataset_embeddings: torch.Tensor | np.ndarray | None, dtype) -> torch.Tensor:
         """The (J, d2) context the second stage sees: given/active vectors, null-padded, with sequence dropout."""
+        if dataset_embeddings is None and not self.training:
+            self._check_weights()
         if dataset_embeddings is not None:
             # Checked whether or not they require grad: NaN or too many rows must fail in training as well.
             vectors = self.validate_context_vectors(dataset_embeddings).to(device=self.device, dtype=dtype)
         elif self.context_vectors is not None:
-            if not self.training:
-                self.refresh_context()
             vectors = self.context_vectors.to(dtype)
+            if vectors.is_inference() and not torch.is_inference_mode_enabled():
+                vectors = vectors.clone()  # embedded under inference mode; autograd may need to save them
         else:
             if not self.training:
                 self.warn_null_context(stacklevel=5)
@@ -861,14 +995,16 @@ class ContextualTransformer(InputModule):
         prefix_mask = None
         if context_mask is not None:
             prefix_mask = self._prefix_mask(context_mask, len(dataset_embeddings), batch, num_prefix)
-        if self._split_attention:
+        if self._split_attention and num_prefix > 0:
             cached = None
             if self.context_attention == "cached":
-                cached = self._cached_states(prefix, reusable=dataset_embeddings is None and not self.training)
+                # Reused only without autograd: a differentiable forward needs the graph through the prefix rows.
+                reusable = dataset_embeddings is None and not self.training and not torch.is_grad_enabled()
+                cached = self._cached_states(prefix, reusable=reusable)
             out = adapter.encode_split(
                 backbone, prefix, text, attention_mask, cached, self.gates, self.context_layers, prefix_mask
             )
-        else:
+        else:  # joint attention; also the split modes with no prefix row (J = 0), which then read no context
             hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, P + L, d2)
             if self.embed_joint_sequence:
                 hidden = adapter.embed_sequence(backbone, hidden)
@@ -906,24 +1042,29 @@ class ContextualTransformer(InputModule):
     def train(self, mode: bool = True):
         if mode:
             self._drop_context_cache()  # weights are about to change
+        else:
+            self._weights_check_due = True  # encode() calls eval(): check the weights once per call
         return super().train(mode)
 
     def _cached_states(self, prefix: torch.Tensor, reusable: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The prefix's per-layer keys/values (cached mode); kept while the active context and weights stay."""
+        """The prefix's per-layer keys/values (cached mode); kept while the prefix rows (context vectors, null
+        vector, soft prompt) stay equal and the second stage unchanged (:meth:`_check_weights`)."""
         if not reusable:
             return self.second_adapter.context_states(self.second_stage, prefix, self.context_layers)
-        key = (id(self.context_vectors), prefix.dtype, prefix.device)
-        if self._context_cache is None or self._context_cache[0] != key:
+        cache = self._context_cache
+        # An exact comparison of the (P, d) prefix per batch: cheap next to the batch, and it sees every edit.
+        if cache is None or cache[0].dtype != prefix.dtype or not torch.equal(cache[0], prefix):
             with torch.no_grad():
                 states = self.second_adapter.context_states(self.second_stage, prefix, self.context_layers)
-                self._context_cache = (key, states)
-        return self._context_cache[1]
+                self._context_cache = (prefix.detach().clone(), self._second_stage_fingerprint(), states)
+        return self._context_cache[2]
 
     def context_cache_bytes(self) -> int:
         """Memory held by the cached keys/values of the active context (0 when nothing is cached)."""
         if self._context_cache is None:
             return 0
-        return sum(t.numel() * t.element_size() for kv in self._context_cache[1] if kv is not None for t in kv)
+        return sum(t.numel() * t.element_size() for kv in self._context_cache[2] if kv is not None for t in kv)
+
 
     def _position_ids(self, num_ctx: int, num_prefix: int, text_length: int, device) -> torch.Tensor:
         """One rotary position per row of [context ; soft prompt ; text] (NO_POSITION: no rotation)."""
