@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -25,44 +27,175 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
             parsed = yaml.safe_load(value)
         except yaml.YAMLError as err:
             raise TrainConfigError(f"--set {item}: cannot read the value: {err}") from None
+        if not value.strip():
+            parsed = ""  # `--set document_prompt=` is the empty prompt, not null (the default); write null for None
         overrides.update(TrainConfig.check_values({key.strip(): parsed}, f"--set {item}"))
     return overrides
 
 
-def train_main(argv: list[str] | None = None) -> None:
-    """Train a contextual model (or a bi-encoder baseline) from a preset and/or a YAML/JSON config."""
-    from cde_st import training
-    from cde_st.training import PRESETS, OutputDirError, TrainConfig, TrainConfigError
+# ---- one error style for every command: `error: ...` on one line, exit status 2; a traceback only with --debug
+DEBUG_HELP = "show the full traceback of an error (also: environment variable CDE_ST_DEBUG=1)"
+_DEBUG_HINT = " (rerun with --debug or CDE_ST_DEBUG=1 for the traceback)"
 
-    parser = argparse.ArgumentParser(
+
+def _debug_wanted(argv: list[str] | None) -> bool:
+    argv = sys.argv[1:] if argv is None else argv
+    return "--debug" in argv or os.environ.get("CDE_ST_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse with the commands' one-line ``error: ...`` (exit status 2) in place of usage + message."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _error_chain(err: BaseException) -> list[BaseException]:
+    chain, seen = [], set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
+
+
+def _not_cached_message(err: BaseException, models: dict[str, str], how: str) -> str | None:
+    """One line for a model that is neither a local folder nor in the Hugging Face cache while the hub cannot be
+    reached (offline); None for any other error. ``models``: the option/field -> model name the command loads;
+    ``how``: how to give a local folder instead."""
+    import re
+
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    chain = _error_chain(err)
+    offline = any(isinstance(e, (LocalEntryNotFoundError, OfflineModeIsEnabled)) for e in chain) or any(
+        "couldn't connect to 'https://huggingface.co'" in str(e) for e in chain
+    )
+    if not offline:
+        return None
+    urls = (re.search(r"huggingface\.co/([\w.-]+(?:/[\w.-]+)?)/resolve", str(e)) for e in chain)
+    repos = [m.group(1) for m in urls if m]
+    named = [(k, v) for k, v in models.items() if v and not os.path.exists(v) and (not repos or v == repos[0])]
+    if not named:
+        named = [(k, v) for k, v in models.items() if v and not os.path.exists(v) and not _in_hf_cache(v)]
+    if named:
+        what = ", ".join(f"{key} {name!r}" for key, name in named)
+    else:
+        what = f"model {repos[0]!r}" if repos else "a model this command needs"
+    key, name = named[0] if named else ("it", repos[0] if repos else "jxm/cde-small-v2")
+    return (
+        f"{what} is not in the local Hugging Face cache, and the hub cannot be reached (HF_HUB_OFFLINE=1 or no "
+        f"network). Download it once online (a released CDE checkpoint: `cde-st-convert {name} models/NAME` writes "
+        f"a local folder), or {how.format(key=key)}."
+    )
+
+
+def _in_hf_cache(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # not a valid repo id
+        return False
+
+
+def _report(err: BaseException, expected: tuple[type[BaseException], ...], models: dict[str, str], how: str) -> int:
+    """Print ``err`` as the one-line ``error: ...`` of the commands; returns exit status 2."""
+    message = _not_cached_message(err, models, how)
+    if message is None:
+        message = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+        if not isinstance(err, expected):
+            message = f"{type(err).__name__}: {message}{_DEBUG_HINT}"
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _quiet_dependencies() -> None:
+    """Log cde_st's own progress at INFO and dependencies (faiss, datasets, httpx, ...) only from WARNING up."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(logging.WARNING)
+    logging.getLogger("cde_st").setLevel(logging.INFO)
+
+
+def _device_problem(device: str | None) -> str | None:
+    """What is wrong with ``--device`` on this machine (None: nothing), before any model is loaded."""
+    if device is None:
+        return None
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        return f"--device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1, mps)."
+    if kind == "cuda" and not torch.cuda.is_available():
+        build = f"this torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None else (
+            "torch sees no CUDA device (check the driver and CUDA_VISIBLE_DEVICES)"
+        )
+        return f"--device {device}: {build}; use --device cpu or leave --device out."
+    if kind == "cuda" and ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
+        return f"--device {device}: there are {torch.cuda.device_count()} CUDA device(s) (cuda:0 ...)."
+    if kind == "mps" and not torch.backends.mps.is_available():
+        return f"--device {device}: MPS is not available on this machine; use --device cpu."
+    return None
+
+
+def train_main(argv: list[str] | None = None) -> None:
+    """Console entry point ``cde-st-train`` (same as ``python train/train_cde.py``); exits with status 2 on an error."""
+    status = train_run(argv)
+    if status:
+        sys.exit(status)
+
+
+def train_run(argv: list[str] | None = None) -> int:
+    """Train a contextual model (or a bi-encoder baseline) from a preset and/or a YAML/JSON config; returns the
+    exit status (0, or 2 after a one-line ``error: ...``)."""
+    from cde_st import training
+    from cde_st.training import PRESET_TIMES, PRESETS, TrainConfig
+
+    parser = _ArgumentParser(
         prog="cde-st-train",
         description="Train a contextual document embedding model with SentenceTransformerTrainer.",
-        epilog="Example: cde-st-train --preset mini --set model=biencoder batching=random --output-dir runs/b",
+        epilog="Example: cde-st-train --preset mini --set model=biencoder batching=random --output-dir runs/b\n"
+        "Errors are one line `error: ...` (exit status 2); --debug or CDE_ST_DEBUG=1 shows the traceback.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", help="YAML or JSON file with TrainConfig fields (may name a `preset:`)")
-    parser.add_argument("--preset", choices=sorted(PRESETS), help="start from a preset")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="start from a preset; train wall time: " + "; ".join(f"{k}: {v}" for k, v in PRESET_TIMES.items()),
+    )
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
-    parser.add_argument("--output-dir", help="where checkpoints and the final model go")
+    parser.add_argument(
+        "--output-dir",
+        help="where checkpoints and the final model go (default: the config's output_dir, else "
+        "runs/PRESET-MODEL-sSEED, e.g. runs/mini-biencoder-s42)",
+    )
     parser.add_argument(
         "--resume",
         nargs="?",
         const=True,
         default=False,
-        help="resume from the last checkpoint in output-dir (or from the given checkpoint)",
+        help="resume from the last checkpoint in output-dir (or from the given checkpoint); a finished run is left "
+        "as it is",
     )
     parser.add_argument(
         "--overwrite-output-dir",
         action="store_true",
-        help="replace an earlier run in output-dir (its checkpoints, final model, summary and config are removed)",
+        help="replace an earlier run in output-dir (its checkpoints, final model, summary and config are removed; "
+        "refused when one of them is an input of the new run, e.g. init_from)",
     )
     parser.add_argument(
         "--allow-config-change",
         action="store_true",
         help="with --resume: continue although the config differs from the one the checkpoints were trained with",
     )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # cde_st's own progress at INFO; dependencies (faiss, datasets, httpx, ...) only from WARNING up.
+    _quiet_dependencies()
+    models: dict[str, str] = {}
     try:
         overrides = _parse_overrides(args.set)
         if args.output_dir:
@@ -72,17 +205,25 @@ def train_main(argv: list[str] | None = None) -> None:
         values.pop("preset", None)
         values.update(overrides)
         cfg = TrainConfig.from_preset(preset, **values) if preset else TrainConfig.from_dict(values)
-    except (TrainConfigError, FileNotFoundError) as err:
-        parser.error(str(err))
-    try:
+        models = {k: getattr(cfg, k) for k in ("init_from", "base_model", "surrogate", "guide")}
         training.train(
             cfg,
             resume=args.resume,
             overwrite_output_dir=args.overwrite_output_dir,
             allow_config_change=args.allow_config_change,
         )
-    except (OutputDirError, training.ResumeConfigError) as err:
-        parser.error(str(err))
+    except training.RunFinishedError as err:
+        print(f"cde-st-train: {err}", file=sys.stderr)
+        return 0
+    except Exception as err:
+        if _debug_wanted(argv):
+            raise
+        return _report(err, _EXPECTED_ERRORS, models, how="set {key} to a local model folder (--set {key}=PATH)")
+    return 0
+
+
+# Errors whose message says all (no exception type, no --debug hint): bad config, data, paths or options.
+_EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, FileExistsError, OSError)
 
 
 EVAL_DESCRIPTION = r"""Evaluate a CDE (or any sentence-transformers) model on MTEB tasks with per-task corpus context.
@@ -100,9 +241,10 @@ several --context-size values a sweep table and plot. All logic lives in cde_st.
 
 
 def _eval_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _ArgumentParser(
         prog="cde-st-eval", description=EVAL_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("--model", required=True, help="model folder or hub id")
     parser.add_argument("--tasks", nargs="+", required=True, help="mteb task names, local folders or local names")
     parser.add_argument("--data-dir", help="root of local task folders (e.g. ../shared/data)")
@@ -174,6 +316,10 @@ def eval_run(argv: list[str] | None = None) -> int:
             return 2
         overrides[role] = text
     prefixes = {"auto": None, "on": True, "off": False}[args.prefixes]
+    problem = _device_problem(args.device)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         report = evaluate_model(
             args.model,
@@ -196,9 +342,11 @@ def eval_run(argv: list[str] | None = None) -> int:
             max_seq_length=args.max_seq_length,
             identical_ids=args.identical_ids,
         )
-    except (UnknownTaskError, LocalDataError, TaskDataError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except Exception as err:
+        if args.debug or _debug_wanted(argv):
+            raise
+        expected = (UnknownTaskError, LocalDataError, TaskDataError, *_EXPECTED_ERRORS)
+        return _report(err, expected, {"--model": args.model}, how="pass a local model folder as --model")
     print(report.summary())
     for kind, path in sorted(report.files.items()):
         print(f"{kind}: {Path(path)}")
@@ -213,7 +361,7 @@ def eval_main(argv: list[str] | None = None) -> None:
 def convert_run(argv: list[str] | None = None) -> int:
     """Write a released CDE checkpoint (cde-small-v1/v2, hub id, short name or local copy) as a native cde_st
     folder, which then loads offline with ``ContextualSentenceTransformer(DST)``: no remote code, no network."""
-    parser = argparse.ArgumentParser(
+    parser = _ArgumentParser(
         prog="cde-st-convert",
         description=convert_run.__doc__,
         epilog="Example: cde-st-convert jxm/cde-small-v2 models/cde-small-v2",
@@ -225,6 +373,7 @@ def convert_run(argv: list[str] | None = None) -> int:
     parser.add_argument("--backbone-config", help="the backbone's config.json (default: beside SRC, else the hub)")
     parser.add_argument("--tokenizer", help="tokenizer folder or name (default: beside SRC, else the backbone's)")
     parser.add_argument("--revision", help="hub revision of SRC")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
 
     from cde_st.model import ContextualSentenceTransformer
@@ -244,10 +393,12 @@ def convert_run(argv: list[str] | None = None) -> int:
         model = ContextualSentenceTransformer(
             args.src, backbone_config=args.backbone_config, tokenizer=args.tokenizer, revision=args.revision
         )
-    except ReleasedCheckpointError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    model.save(str(dst))
+        model.save(str(dst))
+    except Exception as err:
+        if args.debug or _debug_wanted(argv):
+            raise
+        how = "give a folder with the released files as SRC"
+        return _report(err, (ReleasedCheckpointError, *_EXPECTED_ERRORS), {"SRC": args.src}, how=how)
     print(f"wrote {dst}: load it with ContextualSentenceTransformer({str(dst)!r})")
     return 0
 

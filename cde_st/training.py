@@ -15,6 +15,7 @@ import glob
 import gzip
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -124,6 +125,79 @@ def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
+def _positive_or_none(value: Any) -> bool:
+    return value is None or value >= 1
+
+
+# What each numeric field accepts beyond its type (a value outside would be silently misread or break late):
+# field -> (accepts(value), what it must be).
+_RANGES: dict[str, tuple[Any, str]] = {
+    "seed": (lambda v: 0 <= v < 2**32, "must be in [0, 2**32 - 1] (numpy, torch and faiss seeds are unsigned)"),
+    "context_size": (lambda v: v >= 0, "must be >= 0 (0: no context slots)"),
+    "max_seq_length": (lambda v: v >= 1, "must be >= 1"),
+    "max_pairs": (_positive_or_none, "must be >= 1, or null for all pairs"),
+    "cluster_size": (_positive_or_none, "must be >= 1, or null for the batch size (the paper's choice)"),
+    "batch_size": (lambda v: v >= 1, "must be >= 1"),
+    "mini_batch_size": (_positive_or_none, "must be >= 1, or null for no gradient caching"),
+    "context_mini_batch_size": (_positive_or_none, "must be >= 1, or null for mini_batch_size"),
+    "eval_steps": (_positive_or_none, "must be >= 1, or null to evaluate only at the end"),
+    "eval_max_corpus": (_positive_or_none, "must be >= 1, or null for the whole corpus"),
+    "save_steps": (lambda v: v >= 1, "must be >= 1"),
+    "logging_steps": (lambda v: v >= 1, "must be >= 1"),
+    "temperature": (lambda v: math.isfinite(v) and v > 0, "must be a finite number > 0"),
+    "learning_rate": (lambda v: math.isfinite(v) and v > 0, "must be a finite number > 0"),
+    "added_params_lr": (
+        lambda v: v is None or (math.isfinite(v) and v >= 0),
+        "must be a finite number >= 0 (0 freezes the added parameters), or null for learning_rate",
+    ),
+    # Guide scores are cosines in [-1, 1]: a candidate is filtered when f(q, d_j) >= f(q, d+) - margin, so a margin
+    # of 2 or more filters every in-batch negative (loss 0, nothing learned) and one of -2 or less none.
+    "margin": (
+        lambda v: math.isfinite(v) and -2 < v < 2,
+        "must be a finite number in (-2, 2): guide scores are cosines, so a margin >= 2 filters every negative "
+        "(0: filter candidates at least as relevant as the positive; to turn filtering off set "
+        "filter_false_negatives: false)",
+    ),
+    "context_dropout": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "weight_decay": (lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0"),
+    "warmup_steps": (lambda v: v >= 0, "must be >= 0"),
+    "num_train_epochs": (lambda v: math.isfinite(v) and v > 0, "must be a finite number > 0"),
+    "dataloader_num_workers": (lambda v: v >= 0, "must be >= 0"),
+}
+
+
+def _range_problem(key: str, value: Any) -> str | None:
+    """What is wrong with an already type-checked ``value`` of field ``key`` (None: nothing)."""
+    if key in _RANGES:
+        accepts, rule = _RANGES[key]
+        return None if accepts(value) else rule
+    return None
+
+
+def _checked_model_config(values: dict[str, Any]) -> dict[str, Any]:
+    """``model_config`` checked against :class:`ContextualTransformer`'s arguments and coerced to their types: known
+    names, the right types (a string ``"false"`` is not a boolean, 2.5 is not an int), and no option that has a
+    TrainConfig field of its own. A ``TypeError`` says what is wrong."""
+    from cde_st.modules.contextual_transformer import ContextualTransformer
+
+    own = {"context_size": "context_size", "max_seq_length": "max_seq_length"}
+    own.update(query_prompt="query_prompt", document_prompt="document_prompt")
+    hints = typing.get_type_hints(ContextualTransformer.__init__)
+    allowed = [k for k in ContextualTransformer.config_keys if k not in own]
+    checked = {}
+    for key, value in values.items():
+        if key in own:
+            raise TypeError(
+                f"model_config.{key}: {key} is a TrainConfig field of its own; set {own[key]}: {value!r} instead"
+            )
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"model_config: unknown ContextualTransformer option {key!r}.{hint} Known: {allowed}")
+        checked[key] = _coerce(value, hints[key], f"model_config.{key}")
+    return checked
+
+
 @dataclass
 class TrainConfig:
     """Every knob of a training run. Defaults are the paper's where the paper has one."""
@@ -176,7 +250,7 @@ class TrainConfig:
     eval_split: str = "test"
     eval_steps: int | None = None  # None: only at the end
     eval_max_corpus: int | None = None
-    output_dir: str = "runs/cde"
+    output_dir: str | None = None  # None: runs/PRESET-MODEL-sSEED (see default_output_dir)
     save_steps: int = 500
     save_total_limit: int = 2
     logging_steps: int = 10
@@ -186,6 +260,16 @@ class TrainConfig:
         # Direct construction (``TrainConfig(learning_rate="1e-3")``) gets the same checks as configs read from files.
         for key, value in self.check_values(self.to_dict(), "TrainConfig(...)").items():
             object.__setattr__(self, key, value)
+        if self.output_dir is None:
+            self.output_dir = default_output_dir(None, self.model, self.seed)
+        if self.model_config and self.model != "contextual":
+            what = "a bi-encoder has no context options" if self.model == "biencoder" else (
+                "a continued model keeps the options it was saved with"
+            )
+            raise TrainConfigError(
+                f"model_config {self.model_config} only applies to model: contextual, but model is {self.model!r} "
+                f"({what}); remove model_config."
+            )
 
     @classmethod
     def check_values(cls, values: dict[str, Any], source: str, lines: dict[str, int] | None = None) -> dict[str, Any]:
@@ -207,10 +291,15 @@ class TrainConfig:
                 )
             try:
                 value = _coerce(value, hints[key], key)
+                if key == "model_config":
+                    value = _checked_model_config(value)
             except TypeError as err:
                 raise TrainConfigError(f"{at(key)}: {err}.") from None
             if key in _CHOICES and value not in _CHOICES[key]:
                 raise TrainConfigError(f"{at(key)}: field {key!r} = {value!r}: expected one of {list(_CHOICES[key])}.")
+            problem = _range_problem(key, value)
+            if problem:
+                raise TrainConfigError(f"{at(key)}: field {key!r} = {value!r}: {problem}.")
             checked[key] = value
         return checked
 
@@ -219,7 +308,13 @@ class TrainConfig:
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; choose from {sorted(PRESETS)}.")
         values = cls.check_values(PRESETS[name], f"preset {name!r}")
-        return cls.from_dict({**values, **cls.check_values(overrides, "overrides")})
+        overrides = cls.check_values(overrides, "overrides")
+        if overrides.get("model", values.get("model", "contextual")) != "contextual" and "model_config" not in overrides:
+            values.pop("model_config", None)  # the preset's contextual options; a bi-encoder has none
+        values = {**values, **overrides}
+        if "output_dir" not in values:
+            values["output_dir"] = default_output_dir(name, values.get("model", "contextual"), values.get("seed", 42))
+        return cls.from_dict(values)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "training config") -> TrainConfig:
@@ -233,8 +328,17 @@ class TrainConfig:
 
         if not os.path.exists(path):
             raise FileNotFoundError(f"Training config {path} does not exist.")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        if os.path.isdir(path):
+            raise TrainConfigError(f"Training config {path} is a folder; give a YAML or JSON file (--config FILE).")
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as err:
+            line = err.object[: err.start].count(b"\n") + 1
+            raise TrainConfigError(
+                f"{path}, line {line}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
+                "save the config as UTF-8 YAML or JSON."
+            ) from None
         try:
             values = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
         except json.JSONDecodeError as err:
@@ -267,6 +371,12 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def default_output_dir(preset: str | None, model: str, seed: int) -> str:
+    """The output folder of a run that names none: ``runs/PRESET-MODEL-sSEED`` (``runs/MODEL-sSEED`` without a
+    preset), so that runs of different presets, model kinds or seeds never write into the same folder."""
+    return f"runs/{preset + '-' if preset else ''}{model}-s{seed}"
+
+
 def _key_lines(text: str) -> dict[str, int]:
     """1-based line of each top-level key of a YAML/JSON mapping (empty when the text does not compose)."""
     import yaml
@@ -281,7 +391,7 @@ def _key_lines(text: str) -> dict[str, int]:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Seconds on a CPU: a tiny random BERT and a few generated pairs. Used by the tests and CI.
+    # A tiny random BERT and a few generated pairs (time: PRESET_TIMES). Used by the tests and CI.
     "tiny": dict(
         base_model="tiny",
         context_size=8,
@@ -294,10 +404,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         learning_rate=1e-3,
         logging_steps=1,
         save_steps=2,
-        output_dir="runs/tiny",
     ),
-    # The paper's small ablation setting on the shared pairs, sized for a 2-core CPU (< 1 hour for the contextual
-    # model): 6-layer MiniLM, length 64, 64 context documents, batch = cluster = 64, one epoch over a seeded
+    # The paper's small ablation setting on the shared pairs, sized for a 2-core CPU (time: PRESET_TIMES):
+    # 6-layer MiniLM, length 64, 64 context documents, batch = cluster = 64, one epoch over a seeded
     # 4,096-pair sample of the 30k out-of-domain pairs (64 steps; all 30k take ~7x longer: set max_pairs: null).
     "mini": dict(
         base_model="minilm",
@@ -313,7 +422,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_train_epochs=1.0,
         save_steps=200,
         logging_steps=20,
-        output_dir="runs/mini",
         # The contextual recipe measured best so far (docs/RESULTS.md, issues 11-12: "dgc2u"): starts as MiniLM
         # (zero-initialised context gate, cached context read by the top 3 of 6 layers, no added heads), learns
         # partial and empty contexts, so it holds its quality at every J (J = 0: 65.2 vs 34.0 for the plain joint
@@ -337,6 +445,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (filtering); set `surrogate` / `guide` to use them.
     "paper": dict(
         base_model="bert-base-uncased",
+        model_config={"context_attention": "joint"},  # the paper's attention (from_encoder defaults to cached + gate)
         context_size=512,
         max_seq_length=512,
         batch_size=512,
@@ -347,8 +456,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         context_mini_batch_size=64,
         bf16="auto",
         save_steps=1000,
-        output_dir="runs/paper",
     ),
+}
+
+# One measured train wall time per preset (what `cde-st-train --help` shows), with the machine it was measured on.
+PRESET_TIMES: dict[str, str] = {
+    "tiny": "17 s of training, 37 s for the whole command, on the project's shared 2-core CPU (load ~4.8)",
+    "mini": "about 13 min (754 s, seed 42, docs/RESULTS.md issue 12) on the project's shared 2-core CPU, 1 thread",
+    "paper": "not measured (the paper's 8-GPU setting)",
 }
 
 
@@ -482,6 +597,14 @@ class TrainingDataError(ValueError):
     """A training data file that cannot be read as pairs; the message names the file and the line."""
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _read_jsonl_rows(path: str) -> list[dict[str, str]]:
     """The (query, document, domain) rows of a jsonl(.gz) file, each line checked: a JSON object with string
     ``query`` and ``document`` (and, if present, ``domain``; the file name otherwise). Blank lines are skipped,
@@ -514,6 +637,12 @@ def _read_jsonl_rows(path: str) -> list[dict[str, str]]:
                         value = row[key]
                         raise TrainingDataError(
                             f"{where}: field {key!r} must be a string, got {type(value).__name__} {value!r:.80}."
+                        )
+                    if key in row and not _encodable(row[key]):
+                        bad = next(c for c in row[key] if not _encodable(c))
+                        raise TrainingDataError(
+                            f"{where}: field {key!r} holds a lone surrogate escape \\u{ord(bad):04x} (half of a "
+                            "UTF-16 pair), which is not text a tokenizer can read; fix or drop the row."
                         )
                 rows.append(
                     {"query": row["query"], "document": row["document"], "domain": row.get("domain", default_domain)}
@@ -674,7 +803,7 @@ def build_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
         [
             {
                 "params": params,
-                "lr": (cfg.added_params_lr or cfg.learning_rate) if is_added else cfg.learning_rate,
+                "lr": cfg.learning_rate if not is_added or cfg.added_params_lr is None else cfg.added_params_lr,
                 "weight_decay": cfg.weight_decay if decay else 0.0,
             }
             for (is_added, decay), params in sorted(groups.items())
@@ -694,7 +823,7 @@ def build_batch_sampler(cfg: TrainConfig, pairs):
 
     return partial(
         ClusteredBatchSampler,
-        cluster_size=min(cfg.cluster_size or cfg.batch_size, len(pairs)),
+        cluster_size=min(cfg.batch_size if cfg.cluster_size is None else cfg.cluster_size, len(pairs)),
         model=cfg.surrogate,
         surrogate_kind=cfg.surrogate_kind,
         domains=list(pairs["domain"]),  # a plain list: the trainer pickles these options into every checkpoint
@@ -746,6 +875,33 @@ class ResumeConfigError(TrainConfigError):
     """A resumed run's config differs from the one its checkpoints were trained with."""
 
 
+class RunFinishedError(RuntimeError):
+    """A resumed run whose checkpoint already reached the configured length: there is nothing to train."""
+
+
+def _refuse_to_resume_a_finished_run(cfg: TrainConfig, checkpoint: str) -> None:
+    """A :class:`RunFinishedError` when ``checkpoint`` already trained as far as ``cfg`` asks (``max_steps``, or
+    the epochs the run was planned with): resuming it would train past the end and replace ``final/``."""
+    state_path = os.path.join(checkpoint, "trainer_state.json")
+    if not os.path.exists(state_path):
+        return
+    with open(state_path, encoding="utf-8") as f:
+        state = json.load(f)
+    step, planned = state.get("global_step", 0), state.get("max_steps", 0)
+    if cfg.max_steps > 0:
+        finished, target = step >= cfg.max_steps, f"max_steps = {cfg.max_steps}"
+    else:
+        epochs = state.get("num_train_epochs", cfg.num_train_epochs)
+        finished = planned > 0 and step >= planned and cfg.num_train_epochs <= epochs
+        target = f"num_train_epochs = {cfg.num_train_epochs:g} ({planned} steps)"
+    if finished:
+        raise RunFinishedError(
+            f"The run in {cfg.output_dir} is finished: {checkpoint} is at step {step}, and the config asks for "
+            f"{target}. Nothing was changed. To train further, resume with a larger max_steps or num_train_epochs "
+            "(--set max_steps=N)."
+        )
+
+
 def _checkpoints(folder: str) -> list[str]:
     found = glob.glob(os.path.join(glob.escape(folder), "checkpoint-*"))
     return sorted((os.path.basename(p) for p in found if os.path.isdir(p)), key=lambda n: (len(n), n))
@@ -763,6 +919,32 @@ def _changed_fields(previous: dict[str, Any], cfg: TrainConfig) -> list[str]:
         if old != value:
             changed.append(f"{key}: {old!r} -> {value!r}")
     return changed
+
+
+def _input_paths(cfg: TrainConfig) -> dict[str, str]:
+    """Every local path the run reads, by the config field that names it."""
+    named = {"init_from": cfg.init_from, "base_model": cfg.base_model, "surrogate": cfg.surrogate, "guide": cfg.guide}
+    named["eval_folder"] = cfg.eval_folder
+    for i, source in enumerate(cfg.train_data):
+        if source.startswith("beir:"):
+            source = source[len("beir:") :].partition(":")[0]
+        named[f"train_data[{i}]"] = source
+    return {key: path for key, path in named.items() if path and os.path.exists(path)}
+
+
+def _refuse_to_remove_inputs(cfg: TrainConfig, doomed: list[str]) -> None:
+    """An :class:`OutputDirError` when overwriting the output folder would remove one of the run's inputs (e.g.
+    ``init_from: OUT/final`` with ``overwrite_output_dir``): the run would delete what it is about to read."""
+    for key, path in _input_paths(cfg).items():
+        real = os.path.realpath(path)
+        for victim in doomed:
+            gone = os.path.realpath(victim)
+            if real == gone or real.startswith(gone.rstrip(os.sep) + os.sep):
+                raise OutputDirError(
+                    f"overwrite_output_dir (--overwrite-output-dir) would remove {victim}, which holds the run's input "
+                    f"{key}: {path}. Nothing was removed. Copy that input elsewhere first, or train into a new "
+                    "output_dir (--output-dir)."
+                )
 
 
 def prepare_output_dir(
@@ -791,6 +973,7 @@ def prepare_output_dir(
         candidates = [config_path]
         if checkpoint_dir is not None:
             candidates.append(os.path.join(os.path.dirname(os.path.abspath(checkpoint_dir)), "train_config.json"))
+        _refuse_to_resume_a_finished_run(cfg, checkpoint_dir or os.path.join(out, _checkpoints(out)[-1]))
         previous_path = next((p for p in candidates if os.path.exists(p)), None)
         if previous_path is not None and not allow_config_change:
             with open(previous_path, encoding="utf-8") as f:
@@ -812,10 +995,11 @@ def prepare_output_dir(
                 "choose a new output_dir (--output-dir)."
             )
         if overwrite_output_dir and os.path.isdir(out):
-            for pattern in _RUN_OUTPUTS:
-                for path in glob.glob(os.path.join(glob.escape(out), pattern)):
-                    logger.warning("overwrite_output_dir: removing %s", path)
-                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+            doomed = [p for pattern in _RUN_OUTPUTS for p in glob.glob(os.path.join(glob.escape(out), pattern))]
+            _refuse_to_remove_inputs(cfg, doomed)
+            for path in doomed:
+                logger.warning("overwrite_output_dir: removing %s", path)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     os.makedirs(out, exist_ok=True)
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(cfg.to_dict(), f, indent=2)
