@@ -23,7 +23,23 @@ def validate_texts(texts: Sequence[str], what: str = "context corpus") -> list[s
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"The {what} must contain only strings; item {i} is {type(text).__name__}: {text!r:.80}")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(
+                    f"The {what} item {i} holds a lone surrogate character {text[exc.start]!r} at position "
+                    f"{exc.start}, which is not valid Unicode text (it cannot be tokenised or hashed): {text!r:.80}. "
+                    "Clean it first, e.g. text.encode('utf-8', 'replace').decode('utf-8')."
+                ) from None
     return texts
+
+
+def check_seed(seed) -> int:
+    """``seed`` as a non-negative int (numpy's ``default_rng`` takes no other), or a ValueError naming it."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer (it seeds the context sample), got {seed!r}.")
+    return int(seed)
 
 
 def sample_indices(n: int, size: int, seed: int = 0) -> np.ndarray:
@@ -36,7 +52,7 @@ def sample_indices(n: int, size: int, seed: int = 0) -> np.ndarray:
         raise ValueError("Cannot sample a context from an empty corpus.")
     if size < 0:
         raise ValueError(f"Context size must be >= 0, got {size}.")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     if size <= n:
         return np.sort(rng.choice(n, size=size, replace=False))
     reps, rest = divmod(size, n)
@@ -48,12 +64,17 @@ def sample_indices(n: int, size: int, seed: int = 0) -> np.ndarray:
 def sample_context(texts: Sequence[str], size: int, seed: int = 0) -> list[str]:
     """Sample the ``size`` context documents of a corpus (see :func:`sample_indices`).
 
+    The sample is a function of the corpus as a (multi)set: the documents are sorted before sampling, so the same
+    documents in another order (a shuffled or re-read corpus, another shard order) give the same context, in
+    sorted order.
+
     Example:
-        >>> sample_context(["a", "b", "c", "d"], size=2, seed=0)  # doctest: +SKIP
-        ['a', 'c']
+        >>> sample_context(["d", "c", "b", "a"], size=2, seed=0)
+        ['c', 'd']
     """
-    texts = validate_texts(texts)
+    texts = sorted(validate_texts(texts))
     return [texts[i] for i in sample_indices(len(texts), size, seed)]
+
 
 
 def fingerprint_texts(texts: Sequence[str], prompt: str = "") -> str:

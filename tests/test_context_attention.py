@@ -13,13 +13,15 @@ from cde_st import ContextualSentenceTransformer
 
 
 def _uncached_reference(
-    model, texts: list[str], context: torch.Tensor, read_layers=None, context_mask=None
+    model, texts: list[str], context: torch.Tensor, read_layers=None, context_mask=None, prompt=None
 ) -> torch.Tensor:
     """The cached mode computed without any cache or split path: HF's own encoder layers over [context ; text] with
     a 4-D mask in which context rows see only context rows (and, outside ``read_layers``, text rows only text);
     ``context_mask`` (B, J) hides context slots from a row's text."""
     module = model.contextual_module
-    features = module.preprocess(texts)
+    if prompt is None:  # as encode(): its default prompt (the document prompt for a model that has one)
+        prompt = model.prompts.get(model.default_prompt_name or "", "")
+    features = module.preprocess(texts, prompt=prompt)
     ids, mask = features["input_ids"], features["attention_mask"]
     text = module.second_adapter.embed_tokens(module.second_stage, ids, features.get("token_type_ids"))
     prefix = module._context_slots(context, text.dtype)
@@ -99,7 +101,7 @@ def test_context_mask_cached_equals_uncached_computation(make_tiny_cde):
     mask = _row_masks(len(DOCS), 8)
     features = module.preprocess(DOCS)
     with torch.no_grad():
-        expected = _uncached_reference(model, DOCS, context, context_mask=mask)
+        expected = _uncached_reference(model, DOCS, context, context_mask=mask, prompt="")
         got = module(dict(features), dataset_embeddings=context, context_mask=mask)["sentence_embedding"]
         unmasked = module(dict(features), dataset_embeddings=context)["sentence_embedding"]
         all_visible = module(dict(features), dataset_embeddings=context, context_mask=torch.ones_like(mask))
