@@ -238,6 +238,7 @@ class ContextualSentenceTransformer(SentenceTransformer):
         # explicitly (an empty one for none), so a context set or cleared later never goes stale in the pool.
         if "dataset_embeddings" not in kwargs:
             module = self.contextual_module
+            module.refresh_context()  # the workers get the vectors of the current first stage
             if module.context_vectors is not None:
                 kwargs["dataset_embeddings"] = module.context_vectors.detach().cpu()
             else:
