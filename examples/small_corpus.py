@@ -1,4 +1,5 @@
-"""A small corpus shipped with the examples, used when neither ../shared/data nor the hub is reachable."""
+"""A small corpus shipped with the examples, used when neither ../shared/data nor the hub is reachable, and a few
+queries with the index of the document that answers each."""
 
 SMALL_CORPUS = [
     "Vitamin D deficiency is associated with an increased risk of respiratory infections in adults.",
@@ -42,3 +43,10 @@ SMALL_CORPUS = [
     "Childhood lead exposure is associated with lower cognitive test scores.",
     "Tumour suppressor p53 triggers apoptosis in cells with damaged DNA.",
 ]
+
+# query -> index in SMALL_CORPUS of its relevant document
+SMALL_QUERIES = {
+    "Vitamin D deficiency increases the risk of infection.": 0,
+    "Exercise lowers blood pressure.": 1,
+    "Mutations in BRCA1 cause cancer.": 3,
+}
