@@ -8,6 +8,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+from sentence_transformers import SentenceTransformer
+
+import cde_st
 from cde_st import ContextualSentenceTransformer, ContextualTransformer
 
 
@@ -45,3 +50,33 @@ def test_trust_remote_code_route_imports_the_planted_file(make_tiny_cde, tmp_pat
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert marker.exists(), "sentence-transformers no longer imports cde_st.py from the folder: update the README"
+
+
+DOCS = [f"document {i} about {topic}" for i, topic in enumerate(["cats", "rain", "planets", "tea"] * 2)]
+
+
+@pytest.mark.slow
+def test_trust_remote_code_route_pool_never_uses_a_stale_context(make_tiny_cde, tmp_path):
+    """A plain SentenceTransformer's multi-process workers copy the model when the pool starts: after
+    cde_st.set_context they would silently encode with the old context. They raise an error naming the fix; a pool
+    started after set_context encodes like the model."""
+    make_tiny_cde(context_size=4).save(str(tmp_path / "m"))
+    plain = SentenceTransformer(str(tmp_path / "m"), trust_remote_code=True)
+    cde_st.set_context(plain, DOCS[:4], seed=0)
+    pool = plain.start_multi_process_pool(["cpu"])
+    try:
+        np.testing.assert_allclose(
+            plain.encode_document(DOCS, pool=pool), plain.encode_document(DOCS), atol=1e-6
+        )
+        cde_st.set_context(plain, DOCS[4:], seed=0)  # after the worker copied the model
+        with pytest.raises(RuntimeError, match=r"context .*changed after .*pool.*start_multi_process_pool"):
+            plain.encode_document(DOCS, pool=pool)
+    finally:
+        plain.stop_multi_process_pool(pool)
+    pool = plain.start_multi_process_pool(["cpu"])  # the fix the error names
+    try:
+        np.testing.assert_allclose(
+            plain.encode_document(DOCS, pool=pool), plain.encode_document(DOCS), atol=1e-6
+        )
+    finally:
+        plain.stop_multi_process_pool(pool)

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -24,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import try_to_load_from_cache
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file, save_model
 from sentence_transformers.base.modules import InputModule
@@ -190,10 +193,12 @@ def _values_fingerprint(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     One read of the values, so it sees every way a weight can change (optimizer steps, fused ones included, which
     do not bump version counters; ``param.data = ...``; in-place edits through ``.data``; ``load_state_dict``):
     any change of an element larger than the rounding of its row's sum, and any move of values between rows.
-    Compare two with ``torch.equal``."""
-    sums = [t.detach().reshape(-1, t.shape[-1] if t.ndim else 1).sum(-1).float() for t in tensors]
-    device = sums[0].device if sums else None
-    return torch.cat([s.to(device) for s in sums]) if sums else torch.zeros(0)
+    Kept on the CPU, so fingerprints taken before and after ``model.to(device)`` compare. Compare with
+    ``torch.equal``."""
+    rows = [t.detach().flatten(0, -2) if t.ndim > 1 else t.detach().reshape(1, -1) for t in tensors]
+    sums = [r.sum(-1, dtype=torch.float32) for r in rows]
+
+    return torch.cat(sums).cpu() if sums else torch.zeros(0)
 
 
 def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -515,6 +520,10 @@ class ContextualTransformer(InputModule):
         # weights file (its size varies); saved beside it as context.safetensors.
         self.register_buffer("context_vectors", None, persistent=False)
         self.context_info: ContextInfo | None = None
+        # Bumped in place whenever the active context changes; moved to shared memory when the module is pickled
+        # (a multi-process pool's workers get such a copy), so a worker can tell that its copy went stale.
+        self._context_generation = torch.zeros(1, dtype=torch.long)
+        self._context_generation_seen = 0
         self._warned_null_context = False
         self._context_texts: list[str] | None = None  # the prompted documents of the active context, if texts
         # Fingerprint (_values_fingerprint) of the first-stage weights the active context vectors were embedded with,
@@ -651,6 +660,7 @@ class ContextualTransformer(InputModule):
     def __getstate__(self) -> dict[str, Any]:
         # A weak reference cannot be pickled (multi-process pools pickle the model): pickle the owner itself, which
         # is the model being pickled, so the copy points at the copied model.
+        self._context_generation.share_memory_()  # in place: copies sent to other processes see later changes
         state = super().__getstate__().copy()
         owner = state.pop("_owner", None)
         state["_owner_model"] = owner() if owner is not None else None
@@ -793,6 +803,9 @@ class ContextualTransformer(InputModule):
         vectors were embedded from, kept to re-embed them if the first stage changes. ``weights``: the first-stage
         fingerprint the vectors belong to (None: the current weights, i.e. the vectors were just computed)."""
         self._drop_context_cache()
+        if info is not self.context_info:  # a new context (re-embedding the same one after training is not)
+            self._context_generation += 1
+            self._context_generation_seen = int(self._context_generation)
         self.context_vectors = None if vectors is None else vectors.detach().to(self.device)
         self.context_info = info
         self._context_texts = texts
@@ -828,7 +841,7 @@ class ContextualTransformer(InputModule):
         tensors = [p for p in self.first_stage.parameters() if p is not table]
         tensors += list(self.context_head.parameters())
         ids = self._context_token_ids
-        tensors.append(table if ids is None else table[ids])
+        tensors.append(table if ids is None else table[ids.to(table.device)])
         return _values_fingerprint(tensors)
 
     def _second_stage_fingerprint(self) -> torch.Tensor:
@@ -885,6 +898,17 @@ class ContextualTransformer(InputModule):
         self._activate_context(self.embed_context_texts(self._context_texts), self.context_info, self._context_texts)
         return True
 
+    def _check_pool_context(self) -> None:
+        """In a copy made for another process (a multi-process pool's worker): raise if the original's context
+        changed since the copy was made, instead of encoding with the stale one."""
+        if int(self._context_generation) != self._context_generation_seen:
+            raise RuntimeError(
+                "The context of this model changed after its multi-process pool was started, and the pool's workers "
+                "still hold the old one. Start the pool after set_context (model.stop_multi_process_pool(pool); "
+                "pool = model.start_multi_process_pool(...)), pass the context as dataset_embeddings=, or load the "
+                "model with cde_st.ContextualSentenceTransformer(path), whose pools always get the current context."
+            )
+
     def clear_context(self) -> None:
         """Forget the active context: encoding falls back to the null context (with a warning)."""
         self._activate_context(None, None, None)
@@ -925,6 +949,8 @@ class ContextualTransformer(InputModule):
         """The (J, d2) context the second stage sees: given/active vectors, null-padded, with sequence dropout."""
         if dataset_embeddings is None and not self.training:
             self._check_weights()
+        if dataset_embeddings is None:
+            self._check_pool_context()
         if dataset_embeddings is not None:
             # Checked whether or not they require grad: NaN or too many rows must fail in training as well.
             vectors = self.validate_context_vectors(dataset_embeddings).to(device=self.device, dtype=dtype)
@@ -1053,7 +1079,9 @@ class ContextualTransformer(InputModule):
             return self.second_adapter.context_states(self.second_stage, prefix, self.context_layers)
         cache = self._context_cache
         # An exact comparison of the (P, d) prefix per batch: cheap next to the batch, and it sees every edit.
-        if cache is None or cache[0].dtype != prefix.dtype or not torch.equal(cache[0], prefix):
+        stale = cache is None or (cache[0].dtype, cache[0].device) != (prefix.dtype, prefix.device)
+        if stale or not torch.equal(cache[0], prefix):
+
             with torch.no_grad():
                 states = self.second_adapter.context_states(self.second_stage, prefix, self.context_layers)
                 self._context_cache = (prefix.detach().clone(), self._second_stage_fingerprint(), states)
@@ -1311,13 +1339,42 @@ class SourcePipeline:
     normalize: bool = False  # whether the source ends with a Normalize module (unit-length embeddings)
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def _check_encoder_location(name_or_path: str) -> str:
+    """``name_or_path`` (``~`` expanded) if it is a local folder or a hub id that can be had; otherwise a
+    FileNotFoundError saying which it is not, instead of the hub's connection error. A string that looks like a path
+    (``./``, ``/``, ``~``, an existing file, or not of the form ``owner/name``) must be an existing folder; a hub id
+    must be downloadable, or in the Hugging Face cache when the hub is offline."""
+    name = str(name_or_path)
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        return path
+    where = os.path.abspath(path)
+    if os.path.exists(path) or os.path.isabs(name) or name.startswith((".", "~")) or not _HUB_ID.fullmatch(name):
+        kind = "is a file, not a folder" if os.path.exists(path) else "does not exist"
+        raise FileNotFoundError(
+            f"Encoder folder {name!r} {kind} (looked for {where}). Give a local folder holding a HF or "
+            "sentence-transformers model, or a hub id ('owner/name')."
+        )
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+    if offline or hf_constants.HF_HUB_OFFLINE:
+        if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+            raise FileNotFoundError(
+                f"Encoder {name!r} is not a local folder (looked for {where}), and as a hub id it is not in the "
+                "Hugging Face cache, which is all an offline hub (HF_HUB_OFFLINE=1) allows. Download it once "
+                "online, or give the path of a local copy."
+            )
+    return name
+
+
 def read_source_pipeline(name_or_path: str) -> SourcePipeline:
     """The transformer folder, max length, pooling and normalisation of a pretrained encoder (HF or
     sentence-transformers; local folder or hub id). The contextual model mean-pools its second stage, and
     :meth:`ContextualSentenceTransformer.from_encoder` ends with Normalize exactly when the source does, so a model
     built from a mean-pooling encoder starts with that encoder's embeddings, norms included."""
-    if not os.path.isdir(name_or_path) and (os.path.isabs(name_or_path) or name_or_path.startswith((".", "~"))):
-        raise FileNotFoundError(f"Encoder folder {name_or_path!r} does not exist.")
+    name_or_path = _check_encoder_location(name_or_path)
     modules_path = load_file_path(name_or_path, "modules.json")
     if modules_path is None:
         return SourcePipeline(name_or_path)
