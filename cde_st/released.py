@@ -351,6 +351,7 @@ def load_released(
         raise ReleasedCheckpointError(
             f"{name}/{CONFIG_FILE} has no transductive_corpus_size/embedder fields: not a released CDE model."
         )
+    dtype = _resolve_dtype(dtype, cde)  # "auto": the dtype config.json records
     embedder = cde["embedder"]
     folder = Path(name).expanduser() if Path(name).expanduser().is_dir() else None
     backbone_hub = dict(cache_folder=cache_folder, token=token, local_files_only=local_files_only)
@@ -416,7 +417,6 @@ def load_released(
         check_tokenizer(tokenizer, tables, token_source, weights_path)
         module.load_state_dict(state, strict=False)
         check_finite(module, weights_path)
-        dtype = _resolve_dtype(dtype, cde)
     except ValueError as err:
         raise ReleasedCheckpointError(str(err)) from None
     if dtype is not None:

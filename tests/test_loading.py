@@ -1,0 +1,295 @@
+"""Model folders load whole or not at all (issue 24): a folder that is missing its tokenizer, holds weights that do
+not fit its config, or NaN weights is an error naming the folder, the file and the field, in the native and the
+released layout; the released route honours ``model_kwargs``; a missing encoder folder or uncached hub id is named
+as such."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from cde_st import ContextualSentenceTransformer
+from cde_st.released import ReleasedCheckpointError
+
+FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "cde_reference"
+DOCS = ["The cat sat on the mat.", "Rain forms when water vapour condenses.", "Coffee contains caffeine."]
+WEIGHTS = "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def saved_folder(tmp_path_factory, tiny_bert_dir) -> Path:
+    """A tiny native model (BERT, hidden 32, 2 layers, 2 heads) saved once per module; tests break copies."""
+    torch.manual_seed(0)
+    model = ContextualSentenceTransformer.from_encoder(tiny_bert_dir, context_size=4, max_seq_length=32)
+    path = tmp_path_factory.mktemp("saved") / "cde"
+    model.save(str(path))
+    return path
+
+
+@pytest.fixture
+def folder(saved_folder, tmp_path) -> Path:
+    copy = tmp_path / "cde"
+    shutil.copytree(saved_folder, copy)
+    return copy
+
+
+@pytest.fixture
+def released_v2(tmp_path) -> Path:
+    if not (FIXTURE / "v2" / WEIGHTS).is_file():
+        pytest.skip(f"CDE reference fixture not found at {FIXTURE}")
+    copy = tmp_path / "v2"
+    shutil.copytree(FIXTURE / "v2", copy)
+    return copy
+
+
+def _edit_weights(path: Path, edit=None, metadata=True) -> None:
+    """Rewrite a safetensors file: ``edit(tensors)`` changes the tensors in place; ``metadata=False`` drops what
+    cde_st records (a folder saved before it did)."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        tensors = {key: f.get_tensor(key) for key in f.keys()}
+    if edit is not None:
+        edit(tensors)
+    if not metadata:
+        meta = {k: v for k, v in meta.items() if not k.startswith("cde_st.")}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def _edit_stage_config(folder: Path, stage: str, **changes) -> None:
+    path = folder / "cde_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config[f"{stage}_config"].update(changes)
+    path.write_text(json.dumps(config), encoding="utf-8")
+
+
+def _load(folder: Path, **kwargs):
+    return ContextualSentenceTransformer(str(folder), **kwargs)
+
+
+# ---------------------------------------------------------------- the tokenizer
+def test_save_records_configs_and_tokenizer_size(saved_folder):
+    from cde_st.modules.integrity import META_CONFIG, META_TOKENIZER_SIZE
+
+    with safe_open(str(saved_folder / WEIGHTS), framework="pt") as f:
+        meta = f.metadata()
+    assert meta[META_TOKENIZER_SIZE] == "30522"
+    assert json.loads(meta[META_CONFIG.format(stage="second_stage")])["num_attention_heads"] == 2
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "saved_before_recording"])
+def test_missing_tokenizer_json_is_named(folder, recorded):
+    """Without tokenizer.json transformers builds a 5-token tokenizer from tokenizer_config.json (every word [UNK])."""
+    (folder / "tokenizer.json").unlink()
+    _edit_weights(folder / WEIGHTS, metadata=recorded)
+    with pytest.raises(ValueError, match=r"tokenizer\.json is missing") as info:
+        _load(folder)
+    message = str(info.value)
+    assert str(folder) in message and WEIGHTS in message
+    assert ("saved with a 30522-token tokenizer" if recorded else "only 5 tokens for the 30522 rows") in message
+
+
+def test_missing_tokenizer_files_are_named(folder):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    with pytest.raises(ValueError, match=r"tokenizer.*files: none"):
+        _load(folder)
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "saved_before_recording"])
+def test_foreign_tokenizer_is_named(folder, released_v2, recorded):
+    """Another model's tokenizer (123 tokens) beside the weights (30522 rows)."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(released_v2 / name, folder / name)
+    _edit_weights(folder / WEIGHTS, metadata=recorded)
+    match = r"123 tokens, but the model was saved with a 30522-token" if recorded else r"only 123 tokens for the 30522"
+    with pytest.raises(ValueError, match=match):
+        _load(folder)
+
+
+def test_tokenizer_beyond_embedding_table_is_named(released_v2, tiny_bert_dir):
+    """A 30522-token tokenizer for a 128-row table: ids past the table (an index error at encode time, if any)."""
+    with pytest.raises(ReleasedCheckpointError, match=r"token ids up to 30521, beyond the 128 rows"):
+        _load(released_v2, tokenizer=tiny_bert_dir)
+
+
+def test_released_folder_without_tokenizer_files_is_named(released_v2):
+    """The released layout: tokenizer_config.json alone gives a 5-token tokenizer for a 128-row table."""
+    for name in ("tokenizer.json", "vocab.txt"):
+        (released_v2 / name).unlink()
+    with pytest.raises(ReleasedCheckpointError, match=r"tokenizer\.json is missing.*only 5 tokens for the 128 rows"):
+        _load(released_v2)
+
+
+# ---------------------------------------------------------------- the weights against the config
+@pytest.mark.parametrize(
+    ("stage", "field", "value", "saved"),
+    [
+        ("second_stage", "num_attention_heads", 4, 2),
+        ("first_stage", "num_hidden_layers", 1, 2),
+        ("second_stage", "intermediate_size", 128, 64),
+        ("first_stage", "hidden_act", "relu", "gelu"),
+        ("second_stage", "layer_norm_eps", 1e-5, 1e-12),
+    ],
+)
+def test_config_edited_after_save_is_named(folder, stage, field, value, saved):
+    """Every field that changes the computation, including those no tensor shape shows (heads, activation, eps)."""
+    _edit_stage_config(folder, stage, **{field: value})
+    with pytest.raises(
+        ValueError, match=rf"cde_config\.json: {stage}_config.*{field}={value!r} \(saved with {saved!r}\)"
+    ):
+        _load(folder)
+
+
+def test_layers_mismatch_without_record_is_named(folder):
+    _edit_weights(folder / WEIGHTS, metadata=False)
+    _edit_stage_config(folder, "first_stage", num_hidden_layers=1)
+    with pytest.raises(
+        ValueError,
+        match=r"model\.safetensors does not match .*cde_config\.json.*unexpected.*"
+        r"first_stage has 2 layers in the file, 1 by the config",
+    ):
+        _load(folder)
+
+
+def test_width_mismatch_without_record_is_named(folder):
+    _edit_weights(folder / WEIGHTS, metadata=False)
+    _edit_stage_config(folder, "second_stage", intermediate_size=128)
+    with pytest.raises(
+        ValueError,
+        match=r"shape mismatch.*second_stage\.encoder\.layer\.0\.intermediate\.dense\.weight: "
+        r"\(64, 32\) in the file, \(128, 32\) by the config",
+    ):
+        _load(folder)
+
+
+def test_missing_extra_and_misshaped_tensors_are_named(folder):
+    def edit(tensors):
+        del tensors["second_stage.encoder.layer.1.output.dense.weight"]
+        tensors["second_stage.pooler.dense.weight"] = torch.zeros(32, 32)
+        tensors["null_vector"] = torch.zeros(16)
+
+    _edit_weights(folder / WEIGHTS, edit)
+    with pytest.raises(ValueError) as info:
+        _load(folder)
+    message = str(info.value)
+    assert f"{folder / WEIGHTS} does not match {folder / 'cde_config.json'}" in message
+    assert "1 missing tensor(s) ['second_stage.encoder.layer.1.output.dense.weight']" in message
+    assert "1 unexpected tensor(s) ['second_stage.pooler.dense.weight']" in message
+    assert "null_vector: (16,) in the file, (32,) by the config" in message
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_named(folder, value):
+    def edit(tensors):
+        tensors["first_stage.encoder.layer.0.attention.self.query.weight"][3, 5] = value
+
+    _edit_weights(folder / WEIGHTS, edit)
+    with pytest.raises(
+        ValueError,
+        match=r"model\.safetensors holds NaN or infinite values in 1 tensor\(s\): "
+        r"\['first_stage\.encoder\.layer\.0\.attention\.self\.query\.weight'\]",
+    ):
+        _load(folder)
+
+
+def test_released_non_finite_weights_are_named(released_v2):
+    def edit(tensors):
+        tensors["second_stage_model.output_projection.0.weight"][0, 0] = float("nan")
+
+    _edit_weights(released_v2 / WEIGHTS, edit)
+    with pytest.raises(ReleasedCheckpointError, match=r"model\.safetensors holds NaN.*\['head\.fc1\.weight'\]"):
+        _load(released_v2)
+
+
+def test_released_backbone_config_mismatch_is_named(released_v2):
+    path = released_v2 / "backbone_config.json"
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw["num_hidden_layers"] += 1
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    with pytest.raises(
+        ReleasedCheckpointError,
+        match=r"model\.safetensors does not match the modernbert config "
+        r".*backbone_config\.json.*missing tensor",
+    ):
+        _load(released_v2)
+
+
+# ---------------------------------------------------------------- correct folders: unchanged
+def test_whole_folder_round_trip_is_exact(saved_folder, tmp_path):
+    model = _load(saved_folder)
+    model.set_context(DOCS, seed=0)
+    model.save(str(tmp_path / "again"))
+    again = _load(tmp_path / "again")
+    torch.testing.assert_close(
+        again.encode_document(DOCS, convert_to_tensor=True),
+        model.encode_document(DOCS, convert_to_tensor=True),
+        rtol=0,
+        atol=0,
+    )
+
+
+# ---------------------------------------------------------------- model_kwargs on the released route
+def test_released_route_honours_dtype(released_v2):
+    reference = _load(released_v2)
+    model = _load(released_v2, model_kwargs={"torch_dtype": torch.bfloat16})
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    reference.set_context(DOCS, seed=0)
+    model.set_context(DOCS, seed=0)
+    got = model.encode_document(DOCS, convert_to_tensor=True).float()
+    torch.testing.assert_close(got, reference.encode_document(DOCS, convert_to_tensor=True), atol=0.05, rtol=0.05)
+    assert {p.dtype for p in _load(released_v2, model_kwargs={"dtype": "auto"}).parameters()} == {torch.float32}
+
+
+def test_released_route_honours_attn_implementation(released_v2, tmp_path):
+    model = _load(released_v2, model_kwargs={"attn_implementation": "eager"})
+    module = model.contextual_module
+    assert module.second_stage.config._attn_implementation == "eager"
+    assert module.first_stage.config._attn_implementation == "eager"
+    reference = _load(released_v2)
+    for m in (model, reference):
+        m.set_context(DOCS, seed=0)
+    torch.testing.assert_close(
+        model.encode_query(DOCS, convert_to_tensor=True),
+        reference.encode_query(DOCS, convert_to_tensor=True),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    model.save(str(tmp_path / "converted"))  # the load-time kernel is not written into the converted folder
+    assert json.loads((tmp_path / "converted" / "cde_config.json").read_text())["attn_implementation"] == "sdpa"
+
+
+def test_released_route_names_ignored_model_kwargs(released_v2):
+    with pytest.warns(UserWarning, match=r"load_released ignores model_kwargs\['low_cpu_mem_usage'\]"):
+        _load(released_v2, model_kwargs={"low_cpu_mem_usage": True})
+    with pytest.raises(ValueError, match=r"dtype='float99'"):
+        _load(released_v2, model_kwargs={"dtype": "float99"})
+
+
+# ---------------------------------------------------------------- from_encoder: missing folder, uncached hub id
+@pytest.mark.parametrize("name", ["./models/missing", "no_such_encoder", "models/missing/deeper", "/no/such/encoder"])
+def test_from_encoder_missing_folder_is_named(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"does not exist") as info:
+        ContextualSentenceTransformer.from_encoder(name)
+    assert os.path.abspath(os.path.expanduser(name)) in str(info.value)
+
+
+def test_from_encoder_uncached_hub_id_offline_is_named(tmp_path, monkeypatch):
+    """'models/missing' is either a folder that does not exist or a hub id: offline, neither can be had."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(FileNotFoundError) as info:
+            ContextualSentenceTransformer.from_encoder("models/missing")
+    message = str(info.value)
+    assert "'models/missing'" in message and str(tmp_path / "models" / "missing") in message
+    assert "not in the Hugging Face cache" in message
