@@ -29,8 +29,18 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
             raise TrainConfigError(f"--set {item}: cannot read the value: {err}") from None
         if not value.strip():
             parsed = ""  # `--set document_prompt=` is the empty prompt, not null (the default); write null for None
+        elif parsed is not None and not isinstance(parsed, str) and _takes_text(key.strip()):
+            parsed = value  # `--set query_prompt=search_query: ` is text, not the YAML mapping {search_query: None}
         overrides.update(TrainConfig.check_values({key.strip(): parsed}, f"--set {item}"))
     return overrides
+
+
+def _takes_text(field: str) -> bool:
+    """Whether TrainConfig ``field`` holds one string (``str`` or ``str | None``)."""
+    from cde_st.training import TrainConfig
+
+    hint = typing.get_type_hints(TrainConfig).get(field)
+    return hint is str or (typing.get_origin(hint) is not None and set(typing.get_args(hint)) == {str, type(None)})
 
 
 # ---- one error style for every command: `error: ...` on one line, exit status 2; a traceback only with --debug

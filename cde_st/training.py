@@ -973,7 +973,6 @@ def prepare_output_dir(
         candidates = [config_path]
         if checkpoint_dir is not None:
             candidates.append(os.path.join(os.path.dirname(os.path.abspath(checkpoint_dir)), "train_config.json"))
-        _refuse_to_resume_a_finished_run(cfg, checkpoint_dir or os.path.join(out, _checkpoints(out)[-1]))
         previous_path = next((p for p in candidates if os.path.exists(p)), None)
         if previous_path is not None and not allow_config_change:
             with open(previous_path, encoding="utf-8") as f:
@@ -985,6 +984,7 @@ def prepare_output_dir(
                     "Resume with the same config, train into a new --output-dir, or pass allow_config_change=True "
                     "(--allow-config-change) to resume with these changes anyway."
                 )
+        _refuse_to_resume_a_finished_run(cfg, checkpoint_dir or os.path.join(out, _checkpoints(out)[-1]))
     else:
         earlier = _checkpoints(out) if os.path.isdir(out) else []
         earlier += [n for n in ("final", "train_summary.json") if os.path.exists(os.path.join(out, n))]

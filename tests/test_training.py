@@ -316,3 +316,174 @@ def test_jsonl_with_extra_fields_and_blank_lines_loads(tmp_path):
     (tmp_path / "broken.jsonl.gz").write_bytes(gzip.compress(b'{"query": "q", "document": "d"}\n' * 50)[:40])
     with pytest.raises(ValueError, match=r"broken\.jsonl\.gz, line 1: cannot read the file"):
         load_pairs(TrainConfig(train_data=[str(tmp_path / "broken.jsonl.gz")]))
+
+
+# ---- issue 24: zero/None mean what the docs say, inputs are never deleted; issue 23: output folders, resume
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        (dict(seed=-1), r"'seed' = -1: must be in \[0, 2\*\*32 - 1\]"),
+        (dict(cluster_size=0), r"'cluster_size' = 0: must be >= 1, or null for the batch size"),
+        (dict(eval_steps=0), r"'eval_steps' = 0: must be >= 1, or null to evaluate only at the end"),
+        (dict(max_pairs=0), r"'max_pairs' = 0: must be >= 1, or null for all pairs"),
+        (dict(margin=10), r"'margin' = 10.0: .*a margin >= 2 filters every negative"),
+        (dict(margin=float("nan")), r"'margin' = nan: must be a finite number"),
+        (dict(added_params_lr=-1e-3), r"'added_params_lr' = -0.001: must be a finite number >= 0"),
+        (dict(model_config={"context_gate": "false"}), r"model_config.context_gate' = 'false' \(str\): expected bool"),
+        (dict(model_config={"soft_prompt_tokens": 2.5}), r"model_config.soft_prompt_tokens' = 2.5 .*expected int"),
+        (dict(model_config={"context_size": 4.5}), r"model_config.context_size: context_size is a TrainConfig field"),
+        (dict(model_config={"context_gates": True}), r"unknown ContextualTransformer option 'context_gates'.*context_gate"),
+        (dict(context_size=4.5), r"'context_size' = 4.5 \(float\): expected int"),
+        (dict(model="biencoder", model_config={"context_gate": True}), r"model_config .* only applies to model: contextual"),
+    ],
+)
+def test_zero_none_and_out_of_range_fields_are_errors_that_name_the_field(values, expected):
+    from cde_st.training import TrainConfigError
+
+    with pytest.raises(TrainConfigError, match=expected):
+        TrainConfig(**values)
+
+
+def test_preset_model_config_is_dropped_for_a_biencoder_and_kept_for_a_contextual_model():
+    assert TrainConfig.from_preset("mini", model="biencoder").model_config == {}
+    assert TrainConfig.from_preset("mini").model_config["context_gate"] is True
+    assert TrainConfig(model_config={"context_gate": False, "sequence_dropout": 0}).model_config == {
+        "context_gate": False,
+        "sequence_dropout": 0.0,
+    }
+
+
+def test_added_params_lr_zero_freezes_the_added_parameters(make_tiny_cde):
+    from cde_st.training import build_optimizer
+
+    model = make_tiny_cde(context_size=4, context_gate=True)
+    optimizer = build_optimizer(TrainConfig(learning_rate=1e-5, added_params_lr=0.0), model)
+    lr_of = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    assert lr_of[id(model.contextual_module.gates)] == 0.0
+    assert lr_of[id(model.contextual_module.second_stage.encoder.layer[0].attention.self.query.weight)] == 1e-5
+
+
+def test_cluster_size_none_is_the_batch_size():
+    from datasets import Dataset
+
+    from cde_st.training import build_batch_sampler
+
+    pairs = Dataset.from_dict({"query": ["q"] * 20, "document": ["d"] * 20, "domain": ["a"] * 20})
+    assert build_batch_sampler(TrainConfig(batch_size=8), pairs).keywords["cluster_size"] == 8
+    assert build_batch_sampler(TrainConfig(batch_size=8, cluster_size=4), pairs).keywords["cluster_size"] == 4
+
+
+def test_an_empty_set_value_is_the_empty_string_not_the_default(monkeypatch, tmp_path):
+    from cde_st.training import resolved_prompts
+
+    cfg = _cli_config(monkeypatch, ["--preset", "tiny", "--set", "document_prompt=", "query_prompt=search_query: "])
+    assert (cfg.document_prompt, resolved_prompts(cfg)) == ("", {"query": "search_query: ", "document": ""})
+
+
+def test_default_output_dirs_of_presets_model_kinds_and_seeds_differ(monkeypatch):
+    # README lines without --output-dir must not write into one folder.
+    argvs = [
+        ["--preset", "mini"],
+        ["--preset", "mini", "--set", "model=biencoder", "batching=random"],
+        ["--preset", "mini", "--set", "seed=1"],
+        ["--preset", "tiny"],
+        ["--preset", "paper"],
+        ["--set", "model=biencoder"],
+        [],
+    ]
+    dirs = [_cli_config(monkeypatch, argv).output_dir for argv in argvs]
+    assert len(set(dirs)) == len(dirs), dirs
+    assert dirs[1] == "runs/mini-biencoder-s42"
+    assert _cli_config(monkeypatch, ["--preset", "mini", "--output-dir", "x"]).output_dir == "x"
+
+
+@pytest.mark.parametrize("inside", ["final", "checkpoint-2"])
+def test_overwrite_refuses_to_remove_an_input_of_the_run(tmp_path, capsys, inside):
+    out = tmp_path / "run"
+    for name in ("final", "checkpoint-2"):
+        (out / name).mkdir(parents=True)
+        (out / name / "model.safetensors").write_bytes(b"weights of " + name.encode())
+    argv = ["--preset", "tiny", "--output-dir", str(out), "--overwrite-output-dir"]
+    argv += ["--set", "model=continue", f"init_from={out / inside}"]
+    with pytest.raises(SystemExit) as exc:
+        train_main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert "init_from" in err and "Nothing was removed" in err
+    for name in ("final", "checkpoint-2"):
+        assert (out / name / "model.safetensors").read_bytes() == b"weights of " + name.encode()
+
+
+def test_overwrite_refuses_to_remove_training_data_inside_the_output_folder(tmp_path):
+    from cde_st.training import OutputDirError, prepare_output_dir
+
+    out = tmp_path / "run"
+    (out / "checkpoint-1").mkdir(parents=True)
+    data = out / "checkpoint-1" / "pairs.jsonl"
+    data.write_text('{"query": "q", "document": "d"}\n')
+    cfg = TrainConfig.from_preset("tiny", output_dir=str(out), train_data=[str(data)])
+    with pytest.raises(OutputDirError, match=r"train_data\[0\]"):
+        prepare_output_dir(cfg, overwrite_output_dir=True)
+    assert data.exists()
+
+
+@pytest.mark.parametrize("kind", ["folder", "not utf-8"])
+def test_a_config_that_is_a_folder_or_not_utf8_is_a_one_line_error(tmp_path, capsys, kind):
+    path = tmp_path / "cfg.yaml"
+    if kind == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes(b"seed: 1\nquery_prompt: caf\xe9\n")  # Latin-1
+    with pytest.raises(SystemExit) as exc:
+        train_main(["--config", str(path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and str(path) in err, err
+    assert ("is a folder" in err) if kind == "folder" else ("line 2: not UTF-8" in err)
+
+
+def test_lone_surrogate_in_training_data_names_file_line_and_field(tmp_path):
+    from cde_st.training import TrainingDataError
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"query": "q", "document": "d"}\n{"query": "q", "document": "broken \\udc80 text"}\n')
+    cfg = TrainConfig(train_data=[str(path)])
+    with pytest.raises(TrainingDataError, match=r"pairs.jsonl, line 2: field 'document' holds a lone surrogate"):
+        load_pairs(cfg)
+
+
+def test_train_cli_is_quiet_about_dependencies_but_keeps_its_own_progress(monkeypatch):
+    import logging
+
+    import cde_st.training
+
+    monkeypatch.setattr(cde_st.training, "train", lambda cfg, **kwargs: None)
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(logging.INFO)  # as a caller's (or the old) basicConfig(level=INFO) left it
+    try:
+        train_main(["--preset", "tiny"])
+        assert not logging.getLogger("faiss.loader").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("datasets").isEnabledFor(logging.INFO)
+        assert logging.getLogger("cde_st.training").isEnabledFor(logging.INFO)
+    finally:
+        root.setLevel(before)
+
+
+@pytest.mark.slow
+def test_resume_of_a_finished_run_changes_nothing(tmp_path, minilm, capsys):
+    out = tmp_path / "tiny"
+    argv = ["--preset", "tiny", "--output-dir", str(out), "--set", "max_steps=2"]
+    train_main(argv)
+
+    def snapshot():
+        return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    assert any(name.startswith("final/") for name in before)
+    capsys.readouterr()
+    train_main([*argv, "--resume"])  # exit status 0: nothing to do is not an error
+    err = capsys.readouterr().err
+    assert "is finished" in err and "step 2" in err and "Nothing was changed" in err, err
+    assert snapshot() == before
