@@ -242,7 +242,7 @@ class ContextualSentenceTransformer(SentenceTransformer):
             if module.context_vectors is not None:
                 kwargs["dataset_embeddings"] = module.context_vectors.detach().cpu()
             else:
-                module.warn_null_context(stacklevel=3)
+                module.warn_null_context()
                 kwargs["dataset_embeddings"] = torch.zeros(0, module.hidden_size)
         return super()._multi_process(inputs, *args, **kwargs)
 

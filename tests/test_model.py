@@ -441,3 +441,20 @@ def test_module_set_context_follows_the_model_prompts(make_tiny_cde, tmp_path):
         assert loaded[0].set_context(DOCS, seed=0).prompt == "other: "
         del loaded.prompts["document"]
         assert loaded[0].set_context(DOCS, seed=0).prompt == ""
+
+
+def test_null_context_warning_points_at_the_callers_line(make_tiny_cde, tmp_path):
+    """The warning is attributed to the line that encodes (not to torch's module.py), on every route."""
+    model = make_tiny_cde(context_size=4)
+    with pytest.warns(UserWarning, match="No context is set") as record:
+        model.encode_document(DOCS[:2])
+    assert [w.filename for w in record if "No context" in str(w.message)] == [__file__]
+    model.save(str(tmp_path / "m"))
+    plain = SentenceTransformer(str(tmp_path / "m"), trust_remote_code=True)
+    with pytest.warns(UserWarning, match="No context is set") as record:
+        plain.encode(DOCS[:2])
+    assert [w.filename for w in record if "No context" in str(w.message)] == [__file__]
+    plain[0].clear_context()  # warns once per context: again
+    with pytest.warns(UserWarning, match="No context is set") as record:
+        plain[0](plain[0].preprocess(DOCS[:2]))  # the module called directly
+    assert [w.filename for w in record if "No context" in str(w.message)] == [__file__]

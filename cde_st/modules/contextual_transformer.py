@@ -17,6 +17,7 @@ import logging
 import os
 import pickle
 import re
+import sys
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -97,6 +98,28 @@ def _resolve_attn_implementation(name: str | None) -> str:
                 "'sdpa'}."
             )
     return name
+
+
+# Code between the user and a warning (cde_st itself, and the libraries that call its modules): a warning names the
+# first frame outside these, the line that encoded or loaded.
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (
+        os.path.dirname(__file__),  # cde_st/
+        torch.__file__,
+        importlib.util.find_spec("sentence_transformers").origin,
+        importlib.util.find_spec("transformers").origin,
+    )
+)
+
+
+def caller_stacklevel() -> int:
+    """``stacklevel`` for a ``warnings.warn`` in the function that calls this one: the first frame outside cde_st,
+    torch, sentence-transformers and transformers (the user's line, however deep the library calls are)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:
@@ -563,7 +586,7 @@ class ContextualTransformer(InputModule):
                 f"{name_or_path!r} pools with {source.pooling_mode!r}; the contextual model mean-pools its second "
                 "stage, so it does not start with that encoder's embeddings.",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=caller_stacklevel(),
             )
         model_dir = source.model_dir
         attn = _resolve_attn_implementation(config.get("attn_implementation", "auto"))
@@ -887,7 +910,7 @@ class ContextualTransformer(InputModule):
                     "The first stage changed since the context vectors were set (given as vectors, so they cannot be "
                     "recomputed): they may be stale. Call set_context(corpus_texts) again.",
                     UserWarning,
-                    stacklevel=3,
+                    stacklevel=caller_stacklevel(),
                 )
                 self._warned_stale_context = True
             return False
@@ -934,14 +957,14 @@ class ContextualTransformer(InputModule):
             raise ValueError("Context vectors contain NaN or infinite values.")
         return vectors.float()  # differentiable: vectors that require grad (training) keep their gradient path
 
-    def warn_null_context(self, stacklevel: int = 2) -> None:
+    def warn_null_context(self, stacklevel: int | None = None) -> None:
         """Warn (once until a context is set) that encoding uses the null context."""
         if self.context_size > 0 and not self._warned_null_context:
             warnings.warn(
                 "No context is set: encoding with the null context (the model then acts as a plain bi-encoder). "
                 "Call model.set_context(corpus_texts) first, or pass dataset_embeddings=.",
                 UserWarning,
-                stacklevel=stacklevel,
+                stacklevel=caller_stacklevel() if stacklevel is None else stacklevel,
             )
             self._warned_null_context = True
 
@@ -960,7 +983,7 @@ class ContextualTransformer(InputModule):
                 vectors = vectors.clone()  # embedded under inference mode; autograd may need to save them
         else:
             if not self.training:
-                self.warn_null_context(stacklevel=5)
+                self.warn_null_context()
             vectors = self.null_vector.new_zeros(0, self.hidden_size).to(dtype)
         n_missing = self.context_size - vectors.shape[0]
         if n_missing > 0 and self.context_padding == "tile" and len(vectors):
@@ -1287,7 +1310,7 @@ class ContextualTransformer(InputModule):
                     f"{context_path} is ignored: {config_path} records no context (context_info is null). "
                     "The model loads with no context; call set_context(...) or delete the stray file.",
                     UserWarning,
-                    stacklevel=3,
+                    stacklevel=caller_stacklevel(),
                 )
             return
         try:
