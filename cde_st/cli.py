@@ -283,7 +283,12 @@ def _eval_parser() -> argparse.ArgumentParser:
         metavar="ROLE=TEXT",
         help="override a prefix: query, document, classification, clustering, symmetric",
     )
-    parser.add_argument("--output-dir", default="mteb_results", help="results folder (default: mteb_results)")
+    parser.add_argument(
+        "--output-dir",
+        default="outputs/mteb",  # cde_st.evaluation.runner.DEFAULT_OUTPUT_DIR
+        help="the one folder results (results/, also mteb's result cache) and summaries (summary/) go to "
+        "(default: outputs/mteb)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--eval-splits", nargs="+", help="evaluate these splits instead of the task defaults")
     parser.add_argument("--model-name", help="model name in results (org/name)")
@@ -312,7 +317,8 @@ def eval_run(argv: list[str] | None = None) -> int:
     """Run ``cde-st-eval`` / ``python eval/run_mteb.py`` on ``argv``; returns the exit status."""
     args = _eval_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("mteb", "datasets", "httpx", "urllib3", "sentence_transformers"):
+    # faiss.loader logs "Could not load library with AVX512 support" at INFO: a fallback, not an error.
+    for noisy in ("mteb", "datasets", "httpx", "urllib3", "sentence_transformers", "faiss"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from cde_st.evaluation.local_tasks import LocalDataError

@@ -1038,3 +1038,26 @@ def test_random_corpus_and_context_seed_errors_name_the_option(data_dir, tmp_pat
 
     assert eval_run(["--model", str(tmp_path), "--tasks", "tinyret", "--context-seed", "-1"]) == 2
     assert "--context-seed" in capsys.readouterr().err
+
+
+def test_cli_output_lands_in_one_ignored_folder_and_faiss_loader_is_quiet(tmp_path):
+    """Issue 23: results went to ./mteb_results (untracked, beside an mteb_cache/), and faiss's "Could not load
+    library with AVX512 support" INFO lines read like errors."""
+    import logging
+    import subprocess
+
+    from cde_st.cli import _eval_parser, eval_run
+
+    args = _eval_parser().parse_args(["--model", "m", "--tasks", "t"])
+    assert args.output_dir == runner.DEFAULT_OUTPUT_DIR == "outputs/mteb"
+    repo = Path(__file__).resolve().parents[1]
+    for path in (f"{runner.DEFAULT_OUTPUT_DIR}/results/x.json", "mteb_results/x.json", "mteb_cache/x.json"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=repo, check=False, capture_output=True)
+        assert ignored.returncode in (0, 128), f"{path} is not git-ignored"  # 128: not a git checkout (sdist)
+    loader = logging.getLogger("faiss.loader")
+    before = logging.getLogger("faiss").level
+    try:
+        assert eval_run(["--model", str(tmp_path / "nope"), "--tasks", "t"]) == 2
+        assert not loader.isEnabledFor(logging.INFO) and loader.isEnabledFor(logging.WARNING)
+    finally:
+        logging.getLogger("faiss").setLevel(before)

@@ -34,6 +34,10 @@ from cde_st.evaluation.report import (
 logger = logging.getLogger(__name__)
 
 
+#: Where :func:`evaluate_model` and ``cde-st-eval`` write by default (mteb results and summaries beneath it).
+DEFAULT_OUTPUT_DIR = "outputs/mteb"
+
+
 class UnknownTaskError(ValueError):
     """A task name that is neither a local folder nor an mteb task."""
 
@@ -341,7 +345,7 @@ def evaluate_model(
     random_corpus: str | Path | Sequence[str] | None = None,
     prefixes: bool | None = None,
     prefix_overrides: Mapping[str, str] | None = None,
-    output_dir: str | Path | None = "mteb_results",
+    output_dir: str | Path | None = DEFAULT_OUTPUT_DIR,
     batch_size: int = 64,
     model_name: str | None = None,
     revision: str | None = None,
@@ -372,8 +376,10 @@ def evaluate_model(
             their own configured prompts as mteb does).
         prefix_overrides: replace prefixes by role (``query``, ``document``, ``classification``, ``clustering``,
             ``symmetric``); implies ``prefixes=True`` unless it is explicitly False.
-        output_dir: where mteb result JSON (``results/<model>/<revision>/experiments/<settings>/<task>.json``) and
-            the summary files go; ``None`` writes nothing.
+        output_dir: the one folder a run writes to: mteb result JSON (also mteb's result cache,
+            ``results/<model>/<revision>/experiments/<settings>/<task>.json``) and the summary files (``summary/``);
+            default :data:`DEFAULT_OUTPUT_DIR` (``outputs/mteb``, relative to the working directory; ``outputs/`` is
+            git-ignored); ``None`` writes nothing.
         batch_size: encode batch size.
         model_name / revision: how results name the model (defaults: ``local/<folder>`` or the hub id, and a hash
             of the weights).
