@@ -444,7 +444,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # gradient caching to fit the batch. The paper's surrogates were GTR-base (clustering) and nomic-embed-v1
     # (filtering); set `surrogate` / `guide` to use them.
     "paper": dict(
-        base_model="bert-base-uncased",
+        base_model="google-bert/bert-base-uncased",  # the hub id of bert-base-uncased (owner/name)
         model_config={"context_attention": "joint"},  # the paper's attention (from_encoder defaults to cached + gate)
         context_size=512,
         max_seq_length=512,
