@@ -293,3 +293,22 @@ def test_from_encoder_uncached_hub_id_offline_is_named(tmp_path, monkeypatch):
     message = str(info.value)
     assert "'models/missing'" in message and str(tmp_path / "models" / "missing") in message
     assert "not in the Hugging Face cache" in message
+
+
+def test_pytorch_bin_folder_is_checked_too(make_tiny_cde, tmp_path):
+    """safe_serialization=False writes pytorch_model.bin (no metadata): it loads exactly, and NaN in it is named."""
+    model = make_tiny_cde(context_size=4)
+    path = tmp_path / "bin"
+    model.save(str(path), safe_serialization=False)
+    assert (path / "pytorch_model.bin").is_file() and not (path / WEIGHTS).exists()
+    torch.testing.assert_close(
+        _load(path).encode_query(DOCS, convert_to_tensor=True),
+        model.encode_query(DOCS, convert_to_tensor=True),
+        rtol=0,
+        atol=0,
+    )
+    state = torch.load(path / "pytorch_model.bin", weights_only=True)
+    state["null_vector"][0] = float("nan")
+    torch.save(state, path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin holds NaN.*\['null_vector'\]"):
+        _load(path)

@@ -1186,7 +1186,11 @@ class ContextualTransformer(InputModule):
         """Load a saved module. Of sentence-transformers' loading options, ``model_kwargs`` ``dtype`` (or
         ``torch_dtype``; "auto": the saved dtype) and ``attn_implementation`` apply to both encoders; other
         ``model_kwargs``, ``config_kwargs`` and ``processor_kwargs`` are ignored with a warning; a ``backend``
-        other than "torch" is an error."""
+        other than "torch" is an error.
+
+        The folder must be whole (:mod:`cde_st.modules.integrity`): a tokenizer that fits the embedding tables,
+        weights named and shaped as ``cde_config.json`` says and saved with the same encoder configs, no NaN/inf.
+        Anything else is a ValueError naming the folder, the file and the field."""
         check_backend(backend)
         dtype, attn_implementation = split_model_kwargs(model_kwargs, "ContextualTransformer.load", **kwargs)
         hub = dict(
