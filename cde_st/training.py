@@ -1047,6 +1047,10 @@ def train(
     is_main = int(os.environ.get("RANK", "0")) == 0
     if is_main:
         prepare_output_dir(cfg, resume, overwrite_output_dir, allow_config_change)
+    elif resume and (isinstance(resume, str) or _checkpoints(cfg.output_dir)):
+        # The other ranks stop with rank 0 on a finished run instead of waiting for it in the first collective.
+        checkpoint = resume if isinstance(resume, str) else os.path.join(cfg.output_dir, _checkpoints(cfg.output_dir)[-1])
+        _refuse_to_resume_a_finished_run(cfg, checkpoint)
 
     pairs = load_pairs(cfg)
     train_dataset = pairs.remove_columns("domain")  # the collator would feed any extra column to the model
