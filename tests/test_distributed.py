@@ -56,7 +56,7 @@ def _models(tiny_bert_dir: str):
     torch.manual_seed(0)
     model = ContextualSentenceTransformer.from_encoder(
         tiny_bert_dir, context_size=8, max_seq_length=64, output_head="mlp", first_stage_residual=False,
-        sequence_dropout=0.0,
+        sequence_dropout=0.0, context_attention="joint",  # joint: the first stage gets gradients from step 0
     ).to(torch.float64)  # fmt: skip
     model.train()
     torch.manual_seed(123)
