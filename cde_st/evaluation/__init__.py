@@ -2,7 +2,8 @@
 
 The public entry point is :func:`evaluate_model` (``eval/run_mteb.py`` is a command line over it). Submodules:
 ``local_tasks`` (local folders -> mteb tasks), ``pools`` (context pools per task type), ``wrapper`` (the mteb
-encoder wrapper), ``report`` (summary tables and plots), ``runner`` (the run).
+encoder wrapper), ``report`` (summary tables and plots), ``runner`` (the run), ``beir_search`` (beir's exact
+search with the corpus context: :class:`ContextualExactSearch`, needs ``pip install 'cde_st[beir]'``).
 
 Names are imported lazily so that ``import cde_st.evaluation`` does not import mteb.
 """
@@ -29,6 +30,7 @@ _EXPORTS = {
     "TaskPrefixes": "wrapper",
     "mteb_model_meta": "wrapper",
     "TaskScore": "report",
+    "ContextualExactSearch": "beir_search",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -57,11 +57,18 @@ def _subset_data(task: Any, hf_subset: str) -> Any:
     raise KeyError(f"Task {task.metadata.name} has no loaded subset {hf_subset!r}.")
 
 
+def document_text(title: str | None, text: str) -> str:
+    """One retrieval document as mteb's dataloader forms it: ``title + " " + text`` (just the text without a
+    title), stripped. The evaluation kit, its context pools and the beir search all read documents this way."""
+    return (f"{title} {text}" if title else text).strip()
+
+
 def corpus_texts(corpus: Any) -> list[str]:
-    """Document texts of a retrieval corpus as mteb's dataloader forms them (``title + " " + text``, stripped)."""
+    """Document texts of a retrieval corpus (a ``datasets.Dataset`` with ``text`` and optional ``title``), see
+    :func:`document_text`."""
     texts = corpus["text"]
     titles = corpus["title"] if "title" in corpus.column_names else [None] * len(texts)
-    return [(f"{title} {text}" if title else text).strip() for title, text in zip(titles, texts)]
+    return [document_text(title, text) for title, text in zip(titles, texts)]
 
 
 def pool_split(task: Any, hf_split: str) -> str:
