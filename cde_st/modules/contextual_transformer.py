@@ -554,7 +554,8 @@ class ContextualTransformer(InputModule):
         self._context_weights: torch.Tensor | None = None
         self._context_token_ids: torch.Tensor | None = None
         self._weights_check_due = True  # set by eval() (once per encode call): compare fingerprints before use
-        self._weights_key: tuple | None = None  # (storage, version) of every parameter at the last check
+        self._weights_key: tuple | None = None  # (parameters, their (storage, version)) at the last check
+
         self._warned_stale_context = False
 
         self._prompt_length_cache: dict[str, int] = {}
@@ -879,15 +880,17 @@ class ContextualTransformer(InputModule):
         cache where they differ). Due once per encode call (sentence-transformers' encode calls eval()) and
         whenever a parameter's storage or version counter moved, so direct forward calls see ordinary edits too;
         batches of one encode call then cost only the version look-up."""
-        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
-        if not self._weights_check_due and key == self._weights_key:
-            return
+        if not self._weights_check_due and self._weights_key is not None:
+            params, key = self._weights_key
+            if key == tuple((p.data_ptr(), p._version) for p in params):
+                return
         self.refresh_context()
         if self._context_cache is not None and not torch.equal(
             self._context_cache[1], self._second_stage_fingerprint()
         ):
             self._drop_context_cache()
-        self._weights_key = key
+        params = list(self.parameters())  # listed once per check: walking the module tree per batch costs ~1 ms
+        self._weights_key = (params, tuple((p.data_ptr(), p._version) for p in params))
         self._weights_check_due = False
 
     def refresh_context(self) -> bool:
@@ -1366,7 +1369,8 @@ class SourcePipeline:
     normalize: bool = False  # whether the source ends with a Normalize module (unit-length embeddings)
 
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# A hub id: "owner/name", or a legacy id without an owner ("bert-base-uncased").
+_HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
 
 
 def _check_encoder_location(name_or_path: str) -> str:
@@ -1383,7 +1387,7 @@ def _check_encoder_location(name_or_path: str) -> str:
         kind = "is a file, not a folder" if os.path.exists(path) else "does not exist"
         raise FileNotFoundError(
             f"Encoder folder {name!r} {kind} (looked for {where}). Give a local folder holding a HF or "
-            "sentence-transformers model, or a hub id ('owner/name')."
+            "sentence-transformers model, or a hub id ('owner/name' or a legacy 'name')."
         )
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
     if offline or hf_constants.HF_HUB_OFFLINE:
