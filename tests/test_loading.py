@@ -274,7 +274,7 @@ def test_released_route_names_ignored_model_kwargs(released_v2):
 
 
 # ---------------------------------------------------------------- from_encoder: missing folder, uncached hub id
-@pytest.mark.parametrize("name", ["./models/missing", "no_such_encoder", "models/missing/deeper", "/no/such/encoder"])
+@pytest.mark.parametrize("name", ["./models/missing", "models/missing/deeper", "/no/such/encoder"])
 def test_from_encoder_missing_folder_is_named(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"does not exist") as info:
@@ -282,16 +282,18 @@ def test_from_encoder_missing_folder_is_named(tmp_path, monkeypatch, name):
     assert os.path.abspath(os.path.expanduser(name)) in str(info.value)
 
 
-def test_from_encoder_uncached_hub_id_offline_is_named(tmp_path, monkeypatch):
-    """'models/missing' is either a folder that does not exist or a hub id: offline, neither can be had."""
+@pytest.mark.parametrize("name", ["models/missing", "no_such_encoder"])
+def test_from_encoder_uncached_hub_id_offline_is_named(tmp_path, monkeypatch, name):
+    """'models/missing' is either a folder that does not exist or a hub id, and so is a legacy owner-less id such
+    as 'bert-base-uncased': offline, neither can be had."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(FileNotFoundError) as info:
-            ContextualSentenceTransformer.from_encoder("models/missing")
+            ContextualSentenceTransformer.from_encoder(name)
     message = str(info.value)
-    assert "'models/missing'" in message and str(tmp_path / "models" / "missing") in message
+    assert f"'{name}'" in message and str(tmp_path / name) in message
     assert "not in the Hugging Face cache" in message
 
 

@@ -1376,7 +1376,7 @@ _HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
 def _check_encoder_location(name_or_path: str) -> str:
     """``name_or_path`` (``~`` expanded) if it is a local folder or a hub id that can be had; otherwise a
     FileNotFoundError saying which it is not, instead of the hub's connection error. A string that looks like a path
-    (``./``, ``/``, ``~``, an existing file, or not of the form ``owner/name``) must be an existing folder; a hub id
+    (``./``, ``/``, ``~``, an existing file, or not of the form ``owner/name`` or ``name``) must be an existing folder; a hub id
     must be downloadable, or in the Hugging Face cache when the hub is offline."""
     name = str(name_or_path)
     path = os.path.expanduser(name)
