@@ -834,8 +834,9 @@ class ContextualTransformer(InputModule):
         self.context_info = info
         self._context_texts = texts
         self._context_token_ids = None
-        if texts is not None:
+        if texts:
             ids = self.preprocess_context(texts)["input_ids"]
+
             self._context_token_ids = torch.unique(ids).to(self.device)
         if vectors is None:
             self._context_weights = None
