@@ -1061,3 +1061,25 @@ def test_cli_output_lands_in_one_ignored_folder_and_faiss_loader_is_quiet(tmp_pa
         assert not loader.isEnabledFor(logging.INFO) and loader.isEnabledFor(logging.WARNING)
     finally:
         logging.getLogger("faiss").setLevel(before)
+
+
+def test_the_kit_emits_no_future_warnings(data_dir, make_tiny_cde):
+    """Issue 23: FutureWarnings on every evaluation read as errors. The ones seen come from mteb building a ModelMeta
+    from a bare SentenceTransformer (``get_sentence_embedding_dimension`` renamed in sentence-transformers 6), which
+    happens only when mteb is called directly; the kit hands mteb its own ModelMeta, so none may appear here."""
+    import warnings
+
+    from cde_st.evaluation import evaluate_model
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        evaluate_model(
+            make_tiny_cde(context_size=4),
+            ["tinyret", "tinysts", "tinycls", "tinyclu", "tinypair"],
+            data_dir=data_dir,
+            output_dir=None,
+            batch_size=8,
+            show_progress_bar=False,
+        )
+    future = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if issubclass(w.category, FutureWarning)]
+    assert not future, future
