@@ -301,8 +301,8 @@ class EvaluationReport:
     revision: str
     runs: list[RunResult]
     files: dict[str, Path] = field(default_factory=dict)
-    #: Per task, the scoring rules that are not visible in the scores, e.g. ``{"identical_ids": "ignore ... (BEIR's
-    #: rule ...; 300 of 300 query ids are also corpus ids)"}`` for retrieval.
+    #: Per task, the scoring rules that are not visible in the scores, e.g. ``{"identical_ids": "keep ... (auto, from
+    #: the texts: 0 of 30 query ids that are also corpus ids have the query text in that document ...)"}``.
     task_settings: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
