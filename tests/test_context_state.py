@@ -268,3 +268,21 @@ def test_lone_surrogate_names_the_item(make_tiny_cde):
         model.set_context(["fine", "bad \ud800 text"])
     with pytest.raises(ValueError, match=r"item 0 .*surrogate"):
         model.encode(["\udfff"])
+
+
+def test_direct_forward_after_an_in_place_edit_uses_the_current_context(make_tiny_cde):
+    """No encode() (hence no eval()) between the edit and the forward: the parameters' version counters trigger the
+    check."""
+    model = make_tiny_cde(context_size=4, context_attention="cached")
+    model.set_context(DOCS)
+    features = model.preprocess(QUERIES)
+    with torch.inference_mode():
+        model(dict(features))
+    _add_no_grad(_first_stage_params(model) + _second_stage_params(model))
+    with torch.inference_mode():
+        got = model(dict(features))["sentence_embedding"]
+    model.contextual_module._drop_context_cache()
+    model.set_context(DOCS)
+    with torch.inference_mode():
+        expected = model(dict(features))["sentence_embedding"]
+    assert _max_diff(got, expected) <= 1e-6
