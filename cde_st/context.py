@@ -61,20 +61,26 @@ def sample_indices(n: int, size: int, seed: int = 0) -> np.ndarray:
     return np.concatenate([tiled, extra])
 
 
-def sample_context(texts: Sequence[str], size: int, seed: int = 0) -> list[str]:
+def sample_context(texts: Sequence[str], size: int, seed: int = 0, keep_order: bool = False) -> list[str]:
     """Sample the ``size`` context documents of a corpus (see :func:`sample_indices`).
 
-    The sample is a function of the corpus as a (multi)set: the documents are sorted before sampling, so the same
-    documents in another order (a shuffled or re-read corpus, another shard order) give the same context, in
-    sorted order.
+    Which documents are chosen is a function of the corpus as a (multi)set: the choice is made over the sorted
+    documents, so the same documents in another order (a shuffled or re-read corpus, another shard order) give the
+    same context, in sorted order. ``keep_order=True`` samples the corpus as given instead (positions, kept in
+    corpus order): for an architecture that reads the order of its context rows (cde-small-v2 gives them rotary
+    positions) the order matters anyway, and the context is then what the released model card's procedure gives.
 
     Example:
         >>> sample_context(["d", "c", "b", "a"], size=2, seed=0)
         ['c', 'd']
+        >>> sample_context(["d", "c", "b", "a"], size=2, seed=0, keep_order=True)
+        ['b', 'a']
     """
-    texts = sorted(validate_texts(texts))
-    return [texts[i] for i in sample_indices(len(texts), size, seed)]
-
+    texts = validate_texts(texts)
+    if keep_order:  # the order is read anyway: sample positions of the corpus as given (as vectors are tiled)
+        return [texts[i] for i in sample_indices(len(texts), size, seed)]
+    by_text = sorted(range(len(texts)), key=texts.__getitem__)  # stable: equal texts keep their corpus order
+    return [texts[by_text[i]] for i in sample_indices(len(texts), size, seed)]
 
 
 def fingerprint_texts(texts: Sequence[str], prompt: str = "") -> str:

@@ -770,7 +770,9 @@ class ContextualTransformer(InputModule):
         """:meth:`embed_context`, plus the sampled (prompted) documents, which set_context keeps."""
         corpus = validate_texts(corpus)
         prompt = self.document_prompt if prompt is None else prompt
-        sampled = [prompt + t for t in sample_context(corpus, self.context_size, seed)]
+        # Position-free context rows (ours) read a set; cde-small-v2's rotary context rows read an order.
+        keep_order = self.prefix_positions == "sequence"
+        sampled = [prompt + t for t in sample_context(corpus, self.context_size, seed, keep_order=keep_order)]
         vectors = self.embed_context_texts(sampled, batch_size=batch_size, show_progress_bar=show_progress_bar)
         info = ContextInfo(
             size=len(sampled),
@@ -794,7 +796,8 @@ class ContextualTransformer(InputModule):
         first-stage vectors of shape (n, hidden_size) with n <= context_size. Returns the :class:`ContextInfo`.
 
         The sample depends only on the corpus as a set of documents, ``context_size`` and ``seed`` (a non-negative
-        int), not on the corpus order (see :func:`cde_st.context.sample_context`). A numpy array of strings counts
+        int), not on the corpus order (see :func:`cde_st.context.sample_context`; an architecture whose context rows
+        carry positions, cde-small-v2, gets the chosen documents in corpus order). A numpy array of strings counts
         as texts; vectors that require grad are used detached. The context stays current: if the weights it was
         embedded with change (training, an optimizer step, ``load_state_dict``, ``param.data = ...``), the next
         encode or :meth:`save` re-embeds the same documents."""
