@@ -125,6 +125,8 @@ def _quiet_dependencies() -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(logging.WARNING)
     logging.getLogger("cde_st").setLevel(logging.INFO)
+    # The Trainer's own progress (checkpoints saved, resumed from, best model loaded) is the run's progress too.
+    logging.getLogger("transformers.trainer").setLevel(logging.INFO)
 
 
 def _device_problem(device: str | None) -> str | None:

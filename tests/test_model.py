@@ -443,6 +443,15 @@ def test_module_set_context_follows_the_model_prompts(make_tiny_cde, tmp_path):
         assert loaded[0].set_context(DOCS, seed=0).prompt == ""
 
 
+def test_setting_a_module_prompt_inside_a_model_is_not_a_silent_no_op(make_tiny_cde):
+    """The module reads model.prompts, so setting its prompt must write there (else the value is ignored)."""
+    model = make_tiny_cde(context_size=4, prompts={"query": "q: ", "document": "passage: "})
+    model[0].document_prompt = "doc: "
+    model[0].query_prompt = "query: "
+    assert model.prompts["document"] == "doc: " and model.prompts["query"] == "query: "
+    assert model[0].set_context(DOCS, seed=0).prompt == "doc: "
+
+
 def test_null_context_warning_points_at_the_callers_line(make_tiny_cde, tmp_path):
     """The warning is attributed to the line that encodes (not to torch's module.py), on every route."""
     model = make_tiny_cde(context_size=4)

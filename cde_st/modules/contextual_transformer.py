@@ -656,12 +656,24 @@ class ContextualTransformer(InputModule):
     def on_model_ready(self, model) -> None:
         self._owner = weakref.ref(model)  # weak: the model owns the module, not the other way round
 
-    def _owner_prompts(self) -> dict[str, str] | None:
+    def _owner_model(self):
         owner = self.__dict__.get("_owner")
         model = owner() if owner is not None else None
         if model is None or not any(m is self for m in model._modules.values()):
             return None
-        return getattr(model, "prompts", None) or {}
+        return model
+
+    def _owner_prompts(self) -> dict[str, str] | None:
+        model = self._owner_model()
+        return None if model is None else getattr(model, "prompts", None) or {}
+
+    def _set_prompt(self, name: str, value: str) -> None:
+        setattr(self, f"_{name}_prompt", value)
+        model = self._owner_model()
+        if model is not None:  # the model's prompts are what is read: write there too, never a silent no-op
+            if getattr(model, "prompts", None) is None:
+                model.prompts = {}
+            model.prompts[name] = value
 
     @property
     def query_prompt(self) -> str:
@@ -670,7 +682,7 @@ class ContextualTransformer(InputModule):
 
     @query_prompt.setter
     def query_prompt(self, value: str) -> None:
-        self._query_prompt = value
+        self._set_prompt("query", value)
 
     @property
     def document_prompt(self) -> str:
@@ -679,7 +691,7 @@ class ContextualTransformer(InputModule):
 
     @document_prompt.setter
     def document_prompt(self, value: str) -> None:
-        self._document_prompt = value
+        self._set_prompt("document", value)
 
     def __getstate__(self) -> dict[str, Any]:
         # A weak reference cannot be pickled (multi-process pools pickle the model): pickle the owner itself, which
