@@ -127,6 +127,7 @@ def _quiet_dependencies() -> None:
     logging.getLogger("cde_st").setLevel(logging.INFO)
     # The Trainer's own progress (checkpoints saved, resumed from, best model loaded) is the run's progress too.
     logging.getLogger("transformers.trainer").setLevel(logging.INFO)
+    logging.getLogger("sentence_transformers.base.trainer").setLevel(logging.INFO)  # "Saving model checkpoint to ..."
 
 
 def _device_problem(device: str | None) -> str | None:

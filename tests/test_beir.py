@@ -135,14 +135,14 @@ def test_without_beir_the_import_error_names_the_extra(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Real SciFact (slow: a few minutes per full encoding of its 5,183 documents on one core)
+# Real collections (slow: SciFact's 5,183 documents take about 4 minutes to encode on this 2-core CPU, so the
+# contextual model is compared with the kit on CACM, 3,204 short documents; on SciFact both gave 64.025)
 
 
-@pytest.fixture(scope="module")
-def scifact_files(shared_data, tmp_path_factory) -> dict[str, str]:
-    """beir's GenericDataLoader reads plain corpus.jsonl only: SciFact's gzipped corpus, uncompressed to a temp dir."""
-    folder = shared_data / "retrieval" / "scifact"
-    corpus = tmp_path_factory.mktemp("scifact") / "corpus.jsonl"
+def beir_files(shared_data, tmp_path_factory, name: str) -> dict[str, str]:
+    """beir's GenericDataLoader reads plain corpus.jsonl only: the shared gzipped corpus, uncompressed to a temp dir."""
+    folder = shared_data / "retrieval" / name
+    corpus = tmp_path_factory.mktemp(name) / "corpus.jsonl"
     with gzip.open(folder / "corpus.jsonl.gz", "rb") as src, corpus.open("wb") as dst:
         shutil.copyfileobj(src, dst)
     return {
@@ -153,30 +153,31 @@ def scifact_files(shared_data, tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_minilm_through_beir_reproduces_the_published_scifact_score(scifact_files, minilm):
+def test_minilm_through_beir_reproduces_the_published_scifact_score(shared_data, tmp_path_factory, minilm):
     from sentence_transformers import SentenceTransformer
 
     search = ContextualExactSearch(SentenceTransformer(minilm), batch_size=64, show_progress_bar=False)
-    score = beir_ndcg10(search, **scifact_files)
+    score = beir_ndcg10(search, **beir_files(shared_data, tmp_path_factory, "scifact"))
     print(f"all-MiniLM-L6-v2, beir + ContextualExactSearch, SciFact test NDCG@10 = {score:.2f}")
     assert score == pytest.approx(64.51, abs=0.05)
 
 
 @pytest.mark.slow
-def test_contextual_minilm_through_beir_matches_the_kit_on_scifact(scifact_files, shared_data, minilm):
+def test_contextual_minilm_through_beir_matches_the_kit_on_cacm(shared_data, tmp_path_factory, minilm):
     from cde_st import ContextualSentenceTransformer
 
     model = ContextualSentenceTransformer.from_encoder(minilm, context_size=64)
     model.eval()
     search = ContextualExactSearch(model, batch_size=64, context_size=64, context_seed=0, show_progress_bar=False)
-    beir_score = beir_ndcg10(search, **scifact_files)
+    beir_score = beir_ndcg10(search, **beir_files(shared_data, tmp_path_factory, "cacm"))
     kit = evaluate_model(
         model,
-        [shared_data / "retrieval" / "scifact"],
+        [shared_data / "retrieval" / "cacm"],
         context_size=64,
         context_seed=0,
+        identical_ids="ignore",  # beir's search always leaves out a document whose id is the query's id
         output_dir=None,
         show_progress_bar=False,
     )
-    print(f"contextual MiniLM (J=64, seed 0), SciFact NDCG@10: beir {beir_score:.3f}, kit {kit.score('scifact'):.3f}")
-    assert beir_score == pytest.approx(kit.score("scifact"), abs=0.01)
+    print(f"contextual MiniLM (J=64, seed 0), CACM NDCG@10: beir {beir_score:.3f}, kit {kit.score('cacm'):.3f}")
+    assert beir_score == pytest.approx(kit.score("cacm"), abs=0.01)
