@@ -250,6 +250,12 @@ class ContextualSentenceTransformer(SentenceTransformer):
     def contextual_module(self) -> ContextualTransformer:
         return contextual_module(self)
 
+    def get_sentence_embedding_dimension(self) -> int | None:
+        """The old name of :meth:`get_embedding_dimension`, without sentence-transformers' FutureWarning: mteb 2.x
+        calls it whenever it describes a SentenceTransformer (``ModelMeta``), so every direct mteb evaluation of a
+        CDE model printed a deprecation warning that users read as an error."""
+        return self.get_embedding_dimension()
+
     @property
     def context_size(self) -> int:
         """J, the number of context slots."""

@@ -452,6 +452,18 @@ def test_setting_a_module_prompt_inside_a_model_is_not_a_silent_no_op(make_tiny_
     assert model[0].set_context(DOCS, seed=0).prompt == "doc: "
 
 
+def test_mteb_describes_a_contextual_model_without_a_deprecation_warning(make_tiny_cde):
+    """mteb builds a ModelMeta from a SentenceTransformer with get_sentence_embedding_dimension (a FutureWarning in
+    sentence-transformers 6): direct mteb use of a CDE model must not print it on every evaluation."""
+    from mteb.models.model_meta import ModelMeta
+
+    model = make_tiny_cde(context_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        meta = ModelMeta._from_sentence_transformer_model(model)
+    assert meta.embed_dim == model.get_embedding_dimension()
+
+
 def test_null_context_warning_points_at_the_callers_line(make_tiny_cde, tmp_path):
     """The warning is attributed to the line that encodes (not to torch's module.py), on every route."""
     model = make_tiny_cde(context_size=4)
