@@ -121,7 +121,8 @@ def _report(err: BaseException, expected: tuple[type[BaseException], ...], model
 
 
 def _quiet_dependencies() -> None:
-    """Log cde_st's own progress at INFO and dependencies (faiss, datasets, httpx, ...) only from WARNING up."""
+    """Log cde_st's own progress at INFO and dependencies (faiss, mteb, datasets, httpx, ...) only from WARNING up
+    (faiss.loader logs "Could not load library with AVX512 support" at INFO: a fallback, not an error)."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(logging.WARNING)
     logging.getLogger("cde_st").setLevel(logging.INFO)
@@ -319,10 +320,7 @@ def _eval_parser() -> argparse.ArgumentParser:
 def eval_run(argv: list[str] | None = None) -> int:
     """Run ``cde-st-eval`` / ``python eval/run_mteb.py`` on ``argv``; returns the exit status."""
     args = _eval_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # faiss.loader logs "Could not load library with AVX512 support" at INFO: a fallback, not an error.
-    for noisy in ("mteb", "datasets", "httpx", "urllib3", "sentence_transformers", "faiss"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    _quiet_dependencies()
 
     from cde_st.evaluation.local_tasks import LocalDataError
     from cde_st.evaluation.runner import TaskDataError, UnknownTaskError, evaluate_model
