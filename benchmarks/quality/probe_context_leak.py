@@ -12,7 +12,7 @@ It reports in-batch top-1 accuracy, the InfoNCE loss at the training temperature
 positive pairs. A plain bi-encoder ignores context, so both rows are equal for it; a gap `own - other` that grows
 with training means the model learned to use the context as a lookup table for the answer.
 
-    python benchmarks/probe_context_leak.py --model d=runs/mini-d-cde-clustered-filtered/final \
+    python benchmarks/quality/probe_context_leak.py --model d=runs/mini-d-cde-clustered-filtered/final \
         --model init=init:minilm:64 --model c=runs/mini-c-bi-clustered-filtered/final
 
 `init:BASE:J` builds the untrained contextual model with the trainer's `build_model` (`mini` preset, no prompts).

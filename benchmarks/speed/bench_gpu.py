@@ -1,9 +1,9 @@
 """Training-step cost of the contextual model vs the bi-encoder, and faiss k-means on GPU vs CPU (issue 13).
 
-    python benchmarks/bench_gpu.py --output benchmarks/RESULTS_gpu.md           # the issue's sizes, on CUDA if any
-    python benchmarks/bench_gpu.py --device cpu --threads 1 --hidden-size 128 --layers 2 --heads 2 \\
+    python benchmarks/speed/bench_gpu.py --output benchmarks/speed/RESULTS_gpu.md           # the issue's sizes, on CUDA if any
+    python benchmarks/speed/bench_gpu.py --device cpu --threads 1 --hidden-size 128 --layers 2 --heads 2 \\
         --batch-size 16 --context-size 16 --length 64 --mini-batch-size 8 --kmeans-pairs 20000   # CPU smoke run
-    python benchmarks/bench_gpu.py --models --kmeans cpu gpu     # k-means rows only (--kmeans alone: none)
+    python benchmarks/speed/bench_gpu.py --models --kmeans cpu gpu     # k-means rows only (--kmeans alone: none)
 
 Step rows: one optimizer step (FilteredInfoNCELoss forward + backward + AdamW) of (a) a ContextualSentenceTransformer
 built with ``from_encoder`` and (b) the plain bi-encoder (Transformer + mean Pooling) on the same encoder, for every
@@ -49,7 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from peak_rss import PeakRSS  # benchmarks/ is the script's folder, first on sys.path
+from peak_rss import PeakRSS  # benchmarks/speed/ is the script's folder, first on sys.path
 
 RESULT = "RESULT "  # prefix of the worker's result lines on stdout
 MODELS = ("contextual", "biencoder")
@@ -346,7 +346,7 @@ def _kmeans_row(r: dict, args: argparse.Namespace) -> str:
 
 
 def _section(args: argparse.Namespace, env: dict, rows: list[dict], skipped: list[str], device: str) -> str:
-    command = "python benchmarks/bench_gpu.py " + shlex.join(sys.argv[1:])
+    command = "python benchmarks/speed/bench_gpu.py " + shlex.join(sys.argv[1:])
     encoder = args.encoder or (
         f"random-weight BERT (hidden {args.hidden_size}, {args.layers} layers, {args.heads} heads, "
         f"intermediate {args.intermediate_size or 4 * args.hidden_size})"

@@ -2,7 +2,7 @@
 # Issue 26: what the shipped `mini` preset gives on four retrieval corpora against its two bi-encoders.
 # Each row is the preset (or a named variant one --set away) plus a seed; every model is scored on SciFact, MED,
 # CACM and LISA (NDCG@10, max_seq_length 256, the kit's identical-ids rule decided from the texts).
-# Usage: bash benchmarks/corpus_comparison.sh ROW [SEED]
+# Usage: bash benchmarks/quality/corpus_comparison.sh ROW [SEED]
 #   ROW: a  zero-shot all-MiniLM-L6-v2 (no prefixes; no SEED)
 #        c  bi-encoder (--set model=biencoder; no prompts), scored without prefixes
 #        cp bi-encoder trained and scored with the contextual model's prompts (search_query: / search_document: )
@@ -11,7 +11,7 @@
 # Environment: TAG=name EXTRA="key=value ..." trains a variant into runs/cmp-ROW-TAG-sSEED; TABLE2=1 also scores the
 # five cheaper Table-2 tasks (at J = 64 for d). Results: runs/eval-cmp/NAME/summary/.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 row=$1; seed=${2:-42}; data=../shared/data
 read -r -a extra <<< "${EXTRA:-}"

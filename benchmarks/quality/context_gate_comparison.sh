@@ -2,7 +2,7 @@
 # Issues 11 and 12: the contextual model that starts as its bi-encoder (zero-initialised context gate), trained on
 # partial and empty contexts (context_dropout), with cached or joint context attention, against the bi-encoder
 # (c) of docs/RESULTS.md (issue 6) on the same data, batches, loss and seeds (preset `mini`, no prefixes).
-# Usage: bash benchmarks/context_gate_comparison.sh VARIANT SEED [eval-only]
+# Usage: bash benchmarks/quality/context_gate_comparison.sh VARIANT SEED [eval-only]
 #   VARIANT: dgc (gate + cached, residual output head, added params at lr 5e-3), dgc2 (gate + cached,
 #   no output head, no first-stage MLP, added params at lr 2e-2), dgj (dgc2 with joint attention), dgc2u (the preset:
 #   dgc2 with the context read in the top 3 of 6 layers, context_layers [3, 4, 5]), c (bi-encoder);
@@ -16,7 +16,7 @@
 #   TABLE2=1 also scores the five cheaper Table-2 tasks (docs/RESULTS.md, issue 11).
 # Scores SciFact test NDCG@10 at max_seq_length 256 with J = 64, 0 and 16 (the context-size sweep).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 variant=$1; seed=$2; name=$variant${TAG:+-$TAG}-s$seed; out=runs/mini-$name
 read -r -a extra <<< "${EXTRA:-}"
@@ -32,7 +32,8 @@ case $variant in
   *) echo "unknown variant $variant" >&2; exit 2 ;;
 esac
 if [[ ${3:-} != eval-only ]]; then
-  python train/train_cde.py --preset mini --output-dir "$out" --set seed="$seed" "${settings[@]}" \
+  python train/train_cde.py --preset mini --output-dir "$out" --set seed="$seed" \
+    "train_data=[../shared/data/pairs]" "${settings[@]}" \
     "query_prompt=''" "document_prompt=''" "${extra[@]}"
 fi
 sizes=(64 0 16); [[ $variant == c || $variant == dgj ]] && sizes=(64)

@@ -1,11 +1,11 @@
 """Latency of one small encode call (one query, or a handful) on a contextual model with its context set.
 
-    python benchmarks/bench_encode_latency.py [--batch 1 32] [--calls 20]
+    python benchmarks/speed/bench_encode_latency.py [--batch 1 32] [--calls 20]
 
-Throughput (benchmarks/bench_encode.py) hides costs paid once per ``encode`` call, such as the check that the
+Throughput (benchmarks/speed/bench_encode.py) hides costs paid once per ``encode`` call, such as the check that the
 active context and cached keys/values still match the weights (issue 24). This times ``encode_query`` calls of
 ``--batch`` copies of one short query on the MiniLM-built cached + gate + top-3 model (J = 64 SciFact documents)
-and prints the median over ``--calls`` calls, after three warm-up calls. Results: benchmarks/RESULTS_encode.md.
+and prints the median over ``--calls`` calls, after three warm-up calls. Results: benchmarks/speed/RESULTS_encode.md.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from cde_st import ContextualSentenceTransformer  # noqa: E402
 from cde_st._defaults import default_surrogate_model_path  # noqa: E402
 
-SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "retrieval" / "scifact"
+# benchmarks/speed/ -> the repository -> the shared data folder beside it (../shared)
+SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "retrieval" / "scifact"
 
 
 def main() -> None:

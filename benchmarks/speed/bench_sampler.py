@@ -7,8 +7,8 @@ Measures, with the same functions ClusteredBatchSampler runs:
   3. k-means time on synthetic pairs (default 1,000,000 pairs of 384-d unit vectors around random topics).
 
 Run from the repository root:
-    HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/bench_sampler.py
-Results go to benchmarks/RESULTS_sampler.md (and the console).
+    HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/speed/bench_sampler.py
+Results go to benchmarks/speed/RESULTS_sampler.md (and the console).
 
 With --static, measures the fast static surrogate instead (surrogate_kind="static") and rewrites only its own
 section of RESULTS_sampler.md:
@@ -17,7 +17,7 @@ section of RESULTS_sampler.md:
   5. clustered-batch preparation of 1,000,000 pairs end to end (the real pairs repeated, each copy perturbed:
      a word dropped and a word inserted near the start), step by step, then once more through
      ClusteredBatchSampler itself.
-    HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/bench_sampler.py --static --max-seq-length 64 \
+    HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/speed/bench_sampler.py --static --max-seq-length 64 \
         --embeddings-cache /tmp/cde_bench/minilm_len64.npz
 """
 
@@ -45,7 +45,7 @@ from cde_st.batching import (
     pack_clusters,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PAIRS = REPO / ".." / "shared" / "data" / "pairs"
 # --static rewrites only the part of the results file between these lines (and the default run keeps it).
 STATIC_BEGIN = "<!-- bench_sampler.py --static: begin -->"

@@ -1,6 +1,6 @@
 """Encoding throughput: plain all-MiniLM-L6-v2 bi-encoder vs contextual models (context already set).
 
-    python benchmarks/bench_encode.py [--docs 1000] [--queries 300] [--batch-size 32] [--max-seq-length 256]
+    python benchmarks/speed/bench_encode.py [--docs 1000] [--queries 300] [--batch-size 32] [--max-seq-length 256]
         [--sizes 64 512] [--modes joint cached]
 
 Encodes the first N SciFact documents and the first M SciFact queries (short texts; ../shared/data) with each
@@ -9,7 +9,7 @@ docs/s, queries/s and the ratios to the bi-encoder. ``--modes``: the contextual 
 ("joint": the paper, context rows re-encoded with every text; "cached": context keys/values computed once per
 context; "cached+gate": the same with the context gate, whose context read is a separate softmax; "+top3": only
 the top 3 layers read the context, ``context_layers=[-3, -2, -1]``). Also prints the memory of each cached
-context. Results are recorded in benchmarks/RESULTS_encode.md.
+context. Results are recorded in benchmarks/speed/RESULTS_encode.md.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from sentence_transformers import SentenceTransformer  # noqa: E402
 from cde_st import ContextualSentenceTransformer  # noqa: E402
 from cde_st._defaults import default_surrogate_model_path  # noqa: E402
 
-SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "retrieval" / "scifact"
+# benchmarks/speed/ -> the repository -> the shared data folder beside it (../shared)
+SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "retrieval" / "scifact"
 
 
 def scifact_docs() -> list[str]:

@@ -2,17 +2,18 @@
 # Issue 6: the paper's Table-1 pattern at CPU scale. Trains (b), (c), (d) with the `mini` preset (same data, same
 # steps; scifact_train excluded so SciFact is out of domain), then scores (a)-(d) on SciFact test with the eval kit.
 # No task prefixes anywhere (MiniLM was trained without them), so the models differ only in what is compared.
-# Usage: bash benchmarks/mini_comparison.sh [train|eval|all|diagnose]   (ONLY=d to evaluate one model; results: runs/)
+# Usage: bash benchmarks/quality/mini_comparison.sh [train|eval|all|diagnose]   (ONLY=d to evaluate one model; results: runs/)
 # diagnose (after train): (d)'s context-size sweep and random-corpus context, all four at the training length 64,
 # the own-positive-in-context probe, and (c)/(d) retrained at length 128, for 2 epochs, with seed 1 (docs/RESULTS.md).
 # All four are scored at max_seq_length 256 (the standard SciFact protocol), whatever length they were trained at.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root
 what=${1:-all}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-NOPROMPTS=("query_prompt=''" "document_prompt=''")
+# the training pairs, named explicitly (the library has no default data), and no prompts
+NOPROMPTS=("train_data=[../shared/data/pairs]" "query_prompt=''" "document_prompt=''")
 # (d) as issue 6 measured it: joint attention, no gate, no context dropout (the preset's contextual recipe changed
-# in issues 11-12; see benchmarks/context_gate_comparison.sh)
+# in issues 11-12; see benchmarks/quality/context_gate_comparison.sh)
 ISSUE6_D=("model_config={}" context_dropout=0.0 added_params_lr=null)
 
 if [[ $what == train || $what == all ]]; then
@@ -50,7 +51,7 @@ if [[ $what == diagnose ]]; then
     python eval/run_mteb.py --model "$path" --model-name "cde-st/mini-$name-len64" --tasks scifact \
       --data-dir ../shared/data --prefixes off --max-seq-length 64 --batch-size 64 --output-dir "runs/eval-mini-len64/$name" --quiet
   done
-  python benchmarks/probe_context_leak.py --model "a=$minilm" --model init=init:minilm:64 --model d=$d \
+  python benchmarks/quality/probe_context_leak.py --model "a=$minilm" --model init=init:minilm:64 --model d=$d \
     --model c=runs/mini-c-bi-clustered-filtered/final
   # (c) and (d) again: at length 128, for two epochs, and with another seed (another 4,096-pair sample)
   for variant in "128:max_seq_length=128" "2ep:num_train_epochs=2" "seed1:seed=1"; do

@@ -16,7 +16,7 @@ NDCG@10 (pytrec_eval, as mteb) over the whole corpus for the train queries (the 
 and the test queries, mean and standard deviation over context seeds. One encoding pass (token embeddings at
 ``--max-seq-length``) serves every variant.
 
-    python benchmarks/probe_corpus_statistics.py --data-dir ../shared/data --output benchmarks/RESULTS_corpus_probe.md
+    python benchmarks/quality/probe_corpus_statistics.py --data-dir ../shared/data --output benchmarks/quality/RESULTS_corpus_probe.md
 """
 
 from __future__ import annotations

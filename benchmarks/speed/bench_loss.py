@@ -1,8 +1,8 @@
 """Benchmark FilteredInfoNCELoss: training-step time and peak memory, plain vs contextual, with and without caching.
 
-    python benchmarks/bench_loss.py                                   # small random BERT, B = 32, 128, 512
-    python benchmarks/bench_loss.py --backbone minilm --batch-sizes 32
-    python benchmarks/bench_loss.py --guide --batch-sizes 128 --output /tmp/guide.md
+    python benchmarks/speed/bench_loss.py                                   # small random BERT, B = 32, 128, 512
+    python benchmarks/speed/bench_loss.py --backbone minilm --batch-sizes 32
+    python benchmarks/speed/bench_loss.py --guide --batch-sizes 128 --output /tmp/guide.md
 
 Each configuration runs in a fresh subprocess (one warm-up step, then timed steps of forward + backward + AdamW).
 Memory is the peak resident set size above the process's RSS after the warm-up step (model, optimizer state,
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from peak_rss import PeakRSS  # benchmarks/ is the script's folder, first on sys.path
+from peak_rss import PeakRSS  # benchmarks/speed/ is the script's folder, first on sys.path
 
 # ---------------------------------------------------------------- configuration
 SMALL_BERT = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
@@ -36,7 +36,8 @@ CONTEXT_SIZE = 64  # J for the contextual model
 MINI_BATCH = 32  # mini_batch_size = context_mini_batch_size when caching
 WARMUP_STEPS, TIMED_STEPS = 1, 3
 THREADS = 1  # intra-op threads; the 2-core benchmark machine is shared, so one thread gives stable timings
-PAIRS = Path(__file__).resolve().parents[2] / "shared" / "data" / "pairs"
+# benchmarks/speed/ -> the repository -> the shared data folder beside it (../shared)
+PAIRS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "pairs"
 RESULTS = Path(__file__).resolve().parent / "RESULTS_loss.md"
 
 
@@ -189,7 +190,7 @@ def _format_row(r: dict) -> str:
 
 
 def _write(args: argparse.Namespace, rows: list[dict]) -> None:
-    command = "python benchmarks/bench_loss.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/speed/bench_loss.py " + " ".join(sys.argv[1:])
     backbone = (
         f"random BERT {SMALL_BERT} with MiniLM's tokenizer"
         if args.backbone == "small"
