@@ -3,7 +3,8 @@
 The public entry point is :func:`evaluate_model` (``eval/run_mteb.py`` is a command line over it). Submodules:
 ``local_tasks`` (local folders -> mteb tasks), ``pools`` (context pools per task type), ``wrapper`` (the mteb
 encoder wrapper), ``report`` (summary tables and plots), ``runner`` (the run), ``beir_search`` (beir's exact
-search with the corpus context: :class:`ContextualExactSearch`, needs ``pip install 'cde_st[beir]'``).
+search with the corpus context: :class:`ContextualExactSearch`, needs ``pip install 'cde_st[beir]'``),
+``evaluators`` (in-training sentence-transformers evaluators that score a contextual model with a corpus context).
 
 Names are imported lazily so that ``import cde_st.evaluation`` does not import mteb.
 """
@@ -31,6 +32,11 @@ _EXPORTS = {
     "mteb_model_meta": "wrapper",
     "TaskScore": "report",
     "ContextualExactSearch": "beir_search",
+    "ContextualRetrievalEvaluator": "evaluators",
+    "ContextualEvaluator": "evaluators",
+    "corpus_context": "evaluators",
+    "with_corpus_context": "evaluators",
+    "check_scorable": "evaluators",
 }
 
 __all__ = sorted(_EXPORTS)

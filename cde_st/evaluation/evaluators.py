@@ -231,7 +231,7 @@ def with_corpus_context(
         logger.warning(
             "%s scores a contextual model with the null context (no context: a plain bi-encoder); wrapping it so "
             "that it samples the context from its own corpus (%d documents, seed %d). Use "
-            "cde_st.evaluators.ContextualRetrievalEvaluator to choose this explicitly.",
+            "cde_st.evaluation.ContextualRetrievalEvaluator to choose this explicitly.",
             type(evaluator).__name__,
             len(evaluator.corpus),
             seed,
@@ -240,6 +240,6 @@ def with_corpus_context(
     raise TypeError(
         f"{type(evaluator).__name__} would score the contextual model with the null context (a plain bi-encoder) "
         "and checkpoints would be chosen on that. Wrap it: "
-        "cde_st.evaluators.ContextualEvaluator(evaluator, corpus=TEXTS, context_size=J), or use "
-        "cde_st.evaluators.ContextualRetrievalEvaluator for retrieval."
+        "cde_st.evaluation.ContextualEvaluator(evaluator, corpus=TEXTS, context_size=J), or use "
+        "cde_st.evaluation.ContextualRetrievalEvaluator for retrieval."
     )

@@ -15,7 +15,7 @@ from sentence_transformers.sentence_transformer.evaluation import (
 )
 
 from cde_st.context import sample_context
-from cde_st.evaluators import (
+from cde_st.evaluation.evaluators import (
     ContextualEvaluator,
     ContextualRetrievalEvaluator,
     corpus_context,
@@ -82,7 +82,7 @@ def test_context_size_none_is_the_models_j_and_the_previous_context_comes_back(b
 def test_stock_evaluators_are_wrapped_or_refused_for_contextual_models(beir, make_tiny_cde, tiny_bert_dir, caplog):
     model = make_tiny_cde(context_size=4)
     stock = _stock(ContextualRetrievalEvaluator(beir))
-    with caplog.at_level(logging.WARNING, logger="cde_st.evaluators"):
+    with caplog.at_level(logging.WARNING, logger="cde_st.evaluation.evaluators"):
         wrapped = with_corpus_context(stock, model, seed=0)
     assert "null context" in caplog.text and "ContextualRetrievalEvaluator" in caplog.text
     assert isinstance(wrapped, ContextualEvaluator) and wrapped.evaluator is stock
