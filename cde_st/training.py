@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import time
 import types
@@ -219,14 +220,14 @@ class TrainConfig:
     # ---- batching
     batching: str = "clustered"  # "clustered" (contextual batches) or "random"
     cluster_size: int | None = None  # None: the batch size (paper)
-    surrogate: str | None = None  # clustering model; None: offline all-MiniLM-L6-v2
+    surrogate: str | None = None  # clustering model; None: offline all-MiniLM-L6-v2; "tiny": the tiny base encoder
     # "transformer": `surrogate` embeds every pair. "static": a static model distilled from `surrogate` (model2vec,
     # once, cached) and fitted to it on 4,096 pairs embeds them: minutes instead of hours for 1M pairs on a CPU,
     # slightly easier batches (benchmarks/RESULTS_sampler.md); needs pip install 'cde_st[fast-surrogate]'.
     surrogate_kind: str = "transformer"
     # ---- loss
     filter_false_negatives: bool = True
-    guide: str | None = None  # filtering model; None: offline all-MiniLM-L6-v2
+    guide: str | None = None  # filtering model; None: offline all-MiniLM-L6-v2; "tiny": the tiny base encoder
     temperature: float = 0.02
     margin: float = 0.0
     bidirectional: bool = False
@@ -391,9 +392,12 @@ def _key_lines(text: str) -> dict[str, int]:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # A tiny random BERT and a few generated pairs (time: PRESET_TIMES). Used by the tests and CI.
+    # A tiny random BERT with its own generated tokenizer and a few generated pairs (time: PRESET_TIMES); it also
+    # clusters the batches and filters false negatives, so the preset needs no downloaded model. Tests and CI.
     "tiny": dict(
         base_model="tiny",
+        surrogate="tiny",
+        guide="tiny",
         context_size=8,
         max_seq_length=32,
         train_data=["builtin:tiny"],
@@ -468,20 +472,47 @@ PRESET_TIMES: dict[str, str] = {
 
 
 # ----------------------------------------------------------------------------------------------------- models
-def build_tiny_encoder(path: str | os.PathLike, hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -> str:
-    """Save a tiny randomly initialised BERT with all-MiniLM-L6-v2's tokenizer to ``path`` (for tests/CI)."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
+def _tiny_vocab() -> list[str]:
+    """The WordPiece vocabulary of the tiny encoder: BERT's special tokens, every printable ASCII character (lower
+    case) alone and as a ``##`` continuation, then the words of the built-in tiny pairs and of the prompts, so those
+    texts tokenise into whole words and anything else into characters. Generated: nothing is downloaded."""
+    import string
 
-    from cde_st._defaults import default_surrogate_model_path
+    from cde_st.prompts import CLASSIFICATION_PROMPT, CLUSTERING_PROMPT, DOCUMENT_PROMPT, QUERY_PROMPT
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    chars = sorted(set(string.ascii_lowercase + string.digits + string.punctuation))
+    texts = [text for row in _tiny_pairs() for text in (row["query"], row["document"])]
+    texts += [QUERY_PROMPT, DOCUMENT_PROMPT, CLASSIFICATION_PROMPT, CLUSTERING_PROMPT]
+    words = sorted({w for text in texts for w in re.findall(r"[a-z0-9]+", text.lower())} - set(chars))
+    return specials + chars + ["##" + c for c in chars] + words
+
+
+def build_tiny_tokenizer(path: str | os.PathLike):
+    """A ``BertTokenizerFast`` (lower case) over :func:`_tiny_vocab`, with its ``vocab.txt`` written to ``path``."""
+    from transformers import BertTokenizerFast
+
+    os.makedirs(path, exist_ok=True)
+    vocab_file = os.path.join(path, "vocab.txt")
+    with open(vocab_file, "w", encoding="utf-8") as f:
+        f.write("".join(token + "\n" for token in _tiny_vocab()))
+    return BertTokenizerFast(vocab=vocab_file, do_lower_case=True)
+
+
+def build_tiny_encoder(path: str | os.PathLike, hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -> str:
+    """Save a tiny randomly initialised BERT with its own generated WordPiece tokenizer to ``path`` (a Hugging Face
+    model folder) and return ``path``: the base model of ``--preset tiny`` and of the tests, built offline without
+    any downloaded model."""
+    from transformers import BertConfig, BertModel
+
     from cde_st._files import write_folder_atomically
 
     path = str(path)
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(default_surrogate_model_path())
     config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
+        vocab_size=len(_tiny_vocab()),
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=2,
@@ -494,21 +525,27 @@ def build_tiny_encoder(path: str | os.PathLike, hidden_size: int = 32, num_layer
 
     def write(staging):
         encoder.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        build_tiny_tokenizer(staging).save_pretrained(staging)
 
     # Several processes of one launch (torchrun) may build it at once: same seed, same files.
     write_folder_atomically(path, write)
     return path
 
 
-def _base_model_path(cfg: TrainConfig) -> str:
+def _model_path(name: str | None, cfg: TrainConfig) -> str | None:
+    """The folder or hub id a config's model name stands for: "minilm" is the offline all-MiniLM-L6-v2, "tiny" the
+    run's tiny random encoder (built once in ``output_dir/_tiny_base``); anything else is itself."""
     from cde_st._defaults import default_surrogate_model_path
 
-    if cfg.base_model == "minilm":
+    if name == "minilm":
         return default_surrogate_model_path()
-    if cfg.base_model == "tiny":
+    if name == "tiny":
         return build_tiny_encoder(os.path.join(cfg.output_dir, "_tiny_base"), seed=cfg.seed)
-    return cfg.base_model
+    return name
+
+
+def _base_model_path(cfg: TrainConfig) -> str:
+    return _model_path(cfg.base_model, cfg)
 
 
 def resolved_prompts(cfg: TrainConfig) -> dict[str, str]:
@@ -765,7 +802,7 @@ def build_loss(cfg: TrainConfig, model):
         else:
             from sentence_transformers import SentenceTransformer
 
-            guide = SentenceTransformer(cfg.guide)
+            guide = SentenceTransformer(_model_path(cfg.guide, cfg))
     return FilteredInfoNCELoss(
         model,
         guide=guide,
@@ -824,7 +861,7 @@ def build_batch_sampler(cfg: TrainConfig, pairs):
     return partial(
         ClusteredBatchSampler,
         cluster_size=min(cfg.batch_size if cfg.cluster_size is None else cfg.cluster_size, len(pairs)),
-        model=cfg.surrogate,
+        model=_model_path(cfg.surrogate, cfg),
         surrogate_kind=cfg.surrogate_kind,
         domains=list(pairs["domain"]),  # a plain list: the trainer pickles these options into every checkpoint
         query_column="query",
@@ -834,12 +871,12 @@ def build_batch_sampler(cfg: TrainConfig, pairs):
 
 
 def build_evaluator(cfg: TrainConfig):
-    """The in-training evaluator of ``cfg.eval_folder``: a :class:`~cde_st.evaluators.ContextualRetrievalEvaluator`,
+    """The in-training evaluator of ``cfg.eval_folder``: a :class:`~cde_st.evaluation.evaluators.ContextualRetrievalEvaluator`,
     which scores a contextual model with the model's J documents of the evaluated corpus as context (a stock
     ``InformationRetrievalEvaluator`` would score the null context, a plain bi-encoder)."""
     if not cfg.eval_folder:
         return None
-    from cde_st.evaluators import ContextualRetrievalEvaluator
+    from cde_st.evaluation.evaluators import ContextualRetrievalEvaluator
 
     return ContextualRetrievalEvaluator(
         cfg.eval_folder,
@@ -1032,11 +1069,11 @@ def train(
     ``overwrite_output_dir``: replace an earlier run in ``output_dir``; ``allow_config_change``: resume although
     the config differs from the checkpoints' (see :func:`prepare_output_dir`). ``evaluator``: a
     sentence-transformers evaluator to use instead of ``eval_folder``'s; for a contextual model it goes through
-    :func:`cde_st.evaluators.with_corpus_context` (a stock ``InformationRetrievalEvaluator`` gets its own corpus as
-    context, other evaluators must come wrapped in :class:`~cde_st.evaluators.ContextualEvaluator`)."""
+    :func:`cde_st.evaluation.evaluators.with_corpus_context` (a stock ``InformationRetrievalEvaluator`` gets its own corpus as
+    context, other evaluators must come wrapped in :class:`~cde_st.evaluation.evaluators.ContextualEvaluator`)."""
     from sentence_transformers import SentenceTransformerTrainingArguments
 
-    from cde_st.evaluators import with_corpus_context
+    from cde_st.evaluation.evaluators import with_corpus_context
 
     if evaluator is not None and cfg.eval_folder:
         raise ValueError(

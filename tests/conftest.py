@@ -40,8 +40,9 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_bert_dir(tmp_path_factory, minilm) -> str:
-    """A tiny randomly initialised BERT (hidden 32, 2 layers) saved with MiniLM's tokenizer: a HF model folder."""
+def tiny_bert_dir(tmp_path_factory) -> str:
+    """A tiny randomly initialised BERT (hidden 32, 2 layers) with its own generated WordPiece tokenizer: a HF model
+    folder built offline, no downloaded model needed."""
     from cde_st.training import build_tiny_encoder
 
     return build_tiny_encoder(tmp_path_factory.mktemp("tiny_bert"))

@@ -76,7 +76,7 @@ def test_load_pairs_from_beir_train_qrels(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_preset_end_to_end_and_reload(tmp_path, minilm):
+def test_tiny_preset_end_to_end_and_reload(tmp_path):
     cfg = TrainConfig.from_preset("tiny", output_dir=str(tmp_path / "run"))
     model = train(cfg)
     final = tmp_path / "run" / "final"
@@ -91,7 +91,7 @@ def test_tiny_preset_end_to_end_and_reload(tmp_path, minilm):
 
 
 @pytest.mark.slow
-def test_cli_biencoder_random_batches_and_resume(tmp_path, minilm):
+def test_cli_biencoder_random_batches_and_resume(tmp_path):
     out = tmp_path / "bi"
     common = [
         "--preset",
@@ -110,7 +110,7 @@ def test_cli_biencoder_random_batches_and_resume(tmp_path, minilm):
 
 
 @pytest.mark.slow
-def test_cli_refuses_a_used_output_dir_and_overwrites_only_when_asked(tmp_path, minilm, capsys):
+def test_cli_refuses_a_used_output_dir_and_overwrites_only_when_asked(tmp_path, capsys):
     out = tmp_path / "bi"
     common = ["--preset", "tiny", "--output-dir", str(out), "--set", "model=biencoder", "batching=random"]
     common += ["filter_false_negatives=false", "max_steps=4"]
@@ -195,14 +195,15 @@ def test_set_overrides_with_wrong_types_name_field_value_and_type(monkeypatch, c
     assert "--set" in message and re.search(expected, message), message
 
 
-def test_batch_sampler_gets_the_surrogate_kind():
+def test_batch_sampler_gets_the_surrogate_kind(tmp_path):
     from datasets import Dataset
 
     from cde_st.training import build_batch_sampler
 
     pairs = Dataset.from_dict({"query": ["q"] * 4, "document": ["d"] * 4, "domain": ["a"] * 4})
-    assert build_batch_sampler(TrainConfig.from_preset("tiny"), pairs).keywords["surrogate_kind"] == "transformer"
-    fast = build_batch_sampler(TrainConfig.from_preset("tiny", surrogate_kind="static"), pairs)
+    tiny = TrainConfig.from_preset("tiny", output_dir=str(tmp_path))  # its surrogate, the tiny encoder, is built there
+    assert build_batch_sampler(tiny, pairs).keywords["surrogate_kind"] == "transformer"
+    fast = build_batch_sampler(TrainConfig.from_preset("tiny", surrogate_kind="static", output_dir=str(tmp_path)), pairs)
     assert fast.keywords["surrogate_kind"] == "static"
 
 
@@ -472,7 +473,7 @@ def test_train_cli_is_quiet_about_dependencies_but_keeps_its_own_progress(monkey
 
 
 @pytest.mark.slow
-def test_resume_of_a_finished_run_changes_nothing(tmp_path, minilm, capsys):
+def test_resume_of_a_finished_run_changes_nothing(tmp_path, capsys):
     out = tmp_path / "tiny"
     argv = ["--preset", "tiny", "--output-dir", str(out), "--set", "max_steps=2"]
     train_main(argv)
