@@ -1,12 +1,12 @@
-"""Every ```python block of README.md runs as written, offline, each in a fresh Python process; CI runs the README's
-test command.
+"""Every ```python block of README.md and of docs/*.md runs as written, offline, each in a fresh Python process; CI
+runs the README's test command.
 
 Markers, HTML comments on the lines just before a block (invisible on GitHub):
 - ``<!-- not-run: reason -->``: the block is not run (the test skips it with that reason); kept to a counted few.
 - ``<!-- requires: module -->``: skipped when that module (an optional extra) is not installed.
 - ``<!-- continues -->``: runs after the previous block, in the same process (it uses that block's names).
 
-Each block runs in ``tmp/work`` with ``tmp/shared`` linked to the checkout's ``../shared``, so the README's
+A block continues only blocks of its own file. Each block runs in ``tmp/work`` with ``tmp/shared`` linked to the checkout's ``../shared``, so the README's
 ``../shared/data`` paths resolve and what a block writes (``my-cde``, ``runs/``) stays in the temp folder.
 """
 
@@ -24,10 +24,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# The documents whose python blocks must run: the README and every page under docs/.
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 SHARED = ROOT.parent / "shared"
-# Blocks the README may leave unrun (each with its reason in the marker): the released models, which need the
-# Hugging Face hub, and beir on all of SciFact (minutes; tests/test_beir.py covers it). Raise this only with a
-# reason a reader would accept.
+# Blocks the documents may leave unrun, all files together (each with its reason in the marker): the released
+# models, which need the Hugging Face hub (docs/released_models.md). Raise this only with a reason a reader would
+# accept.
 MAX_NOT_RUN = 1
 MARKER = re.compile(r"^<!--\s*(not-run|requires|continues)\s*:?\s*(.*?)\s*-->$")
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
@@ -35,7 +37,7 @@ FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 
 @dataclass
 class Block:
-    number: int  # 1-based among the python blocks
+    number: int  # 1-based among the python blocks of its file
     line: int  # line of the opening fence
     code: str
     not_run: str | None = None
@@ -66,7 +68,7 @@ def python_blocks(text: str) -> list[Block]:
                 for kind, value in markers:
                     if kind == "not-run":
                         if not value:
-                            raise ValueError(f"README line {i}: <!-- not-run: --> needs a reason")
+                            raise ValueError(f"line {i}: <!-- not-run: --> needs a reason")
                         block.not_run = value
                     elif kind == "requires":
                         block.requires.append(value)
@@ -74,10 +76,10 @@ def python_blocks(text: str) -> list[Block]:
                         block.continues = True
                 blocks.append(block)
             elif markers:
-                raise ValueError(f"README line {i + 1}: markers {markers} stand before a ```{lang} block")
+                raise ValueError(f"line {i + 1}: markers {markers} stand before a ```{lang} block")
             markers, i = [], j
         elif stripped and markers:
-            raise ValueError(f"README line {i + 1}: markers {markers} are not followed by a ```python block")
+            raise ValueError(f"line {i + 1}: markers {markers} are not followed by a ```python block")
         i += 1
     return blocks
 
@@ -87,7 +89,7 @@ def program(blocks: list[Block], block: Block) -> str:
     chain = [block]
     while chain[0].continues:
         if chain[0].number == 1:
-            raise ValueError(f"README block at line {chain[0].line} continues, but no python block comes before it")
+            raise ValueError(f"block at line {chain[0].line} continues, but no python block comes before it")
         chain.insert(0, blocks[chain[0].number - 2])
     return "\n".join(b.code for b in chain)
 
@@ -99,7 +101,13 @@ def _installed(module: str) -> bool:
         return False
 
 
-BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
+def _name(document: Path) -> str:
+    return document.relative_to(ROOT).as_posix()
+
+
+# {document name: its python blocks}; BLOCKS: (document name, block) over all documents, for parametrisation
+DOCUMENT_BLOCKS = {_name(doc): python_blocks(doc.read_text(encoding="utf-8")) for doc in DOCUMENTS}
+BLOCKS = [(name, block) for name, blocks in DOCUMENT_BLOCKS.items() for block in blocks]
 
 
 def test_markers_are_parsed():
@@ -119,13 +127,13 @@ def test_markers_are_parsed():
 
 
 def test_every_block_is_run_or_marked_with_a_reason():
-    assert BLOCKS, "README.md has no ```python block"
-    not_run = [f"line {b.line}: {b.not_run}" for b in BLOCKS if b.not_run]
-    print(f"README: {len(BLOCKS)} python blocks, {len(not_run)} not run: {not_run}")
-    assert len(not_run) <= MAX_NOT_RUN, f"README blocks not run: {not_run}; make them run offline"
-    for block in BLOCKS:
+    assert DOCUMENT_BLOCKS["README.md"], "README.md has no ```python block"
+    not_run = [f"{name} line {b.line}: {b.not_run}" for name, b in BLOCKS if b.not_run]
+    print(f"README.md and docs/: {len(BLOCKS)} python blocks, {len(not_run)} not run: {not_run}")
+    assert len(not_run) <= MAX_NOT_RUN, f"blocks not run: {not_run}; make them run offline"
+    for name, block in BLOCKS:
         if block.continues:
-            program(BLOCKS, block)  # raises when there is nothing to continue
+            program(DOCUMENT_BLOCKS[name], block)  # raises when there is nothing to continue in that file
 
 
 def test_ci_runs_the_readme_test_command_in_a_fresh_venv():
@@ -142,14 +150,14 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv():
 
 
 @pytest.mark.slow  # each block starts a Python process that imports torch and usually loads MiniLM
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}" for b in BLOCKS])
-def test_readme_block_runs(block: Block, tmp_path):
+@pytest.mark.parametrize(("document", "block"), BLOCKS, ids=[f"{name}:line{b.line}" for name, b in BLOCKS])
+def test_readme_block_runs(document: str, block: Block, tmp_path):
     if block.not_run:
-        pytest.skip(f"README marks it not-run: {block.not_run}")
+        pytest.skip(f"{document} marks it not-run: {block.not_run}")
     for module in block.requires:
         if not _installed(module):
             pytest.skip(f"{module} is not installed (pip install -e '.[clients]')")
-    code = program(BLOCKS, block)
+    code = program(DOCUMENT_BLOCKS[document], block)
     if "../shared" in code and not SHARED.is_dir():
         pytest.skip(f"shared data not found at {SHARED}")
     work = tmp_path / "work"
@@ -169,4 +177,4 @@ def test_readme_block_runs(block: Block, tmp_path):
     out = subprocess.run(
         [sys.executable, "snippet.py"], cwd=work, env=env, capture_output=True, text=True, timeout=600
     )
-    assert out.returncode == 0, f"README block at line {block.line} failed:\n{code}\n{out.stderr[-4000:]}"
+    assert out.returncode == 0, f"{document} block at line {block.line} failed:\n{code}\n{out.stderr[-4000:]}"
