@@ -11,25 +11,30 @@ One file per step, each a plain function, so that the sampler, the training scri
 the same code:
 
 - :mod:`~cde_st.batching.surrogate`: :func:`embed_pairs`, the surrogate embeddings of the pairs, with a
-  transformer or a fast static surrogate (:class:`StaticSurrogate`, :func:`load_static_surrogate`,
-  :func:`distill_static_surrogate`, :func:`fit_static_surrogate`);
+  transformer or a fast static surrogate (:func:`load_static_surrogate`, :func:`distill_static_surrogate`,
+  :func:`fit_static_surrogate`);
+- :mod:`~cde_st.batching.static_surrogate`: :class:`StaticSurrogate`, the static-embedding model itself;
 - :mod:`~cde_st.batching.clustering`: :func:`cluster_pairs` (faiss spherical k-means per domain),
   :class:`PairClustering`, :func:`num_clusters_for`;
 - :mod:`~cde_st.batching.packing`: :func:`order_clusters`, :func:`pack_clusters` (clusters into batches);
 - :mod:`~cde_st.batching.hardness`: :func:`in_batch_negative_similarity` (how hard the batches are);
 - :mod:`~cde_st.batching.cache`: :func:`default_cache_dir` and the on-disk cache of clusterings (and
   :func:`default_surrogate_cache_dir`, where distilled static surrogates are kept);
+- :mod:`~cde_st.batching.dataset_clustering`: :func:`cluster_dataset`, a dataset's pairs embedded and clustered
+  once, through the cache;
 - :mod:`~cde_st.batching.sampler`: :class:`ClusteredBatchSampler`, which wires them into a sentence-transformers
-  batch sampler.
+  batch sampler. Its ``surrogate=`` is the model that embeds the pairs for the clustering, not the model being
+  trained.
 """
 
 from cde_st.batching.cache import default_cache_dir, default_surrogate_cache_dir
 from cde_st.batching.clustering import PairClustering, cluster_pairs, num_clusters_for
+from cde_st.batching.dataset_clustering import DatasetClustering, cluster_dataset
 from cde_st.batching.hardness import in_batch_negative_similarity
 from cde_st.batching.packing import ClusterOrder, order_clusters, pack_clusters
 from cde_st.batching.sampler import ClusteredBatchSampler
+from cde_st.batching.static_surrogate import StaticSurrogate
 from cde_st.batching.surrogate import (
-    StaticSurrogate,
     distill_static_surrogate,
     embed_pairs,
     fit_static_surrogate,
@@ -39,8 +44,10 @@ from cde_st.batching.surrogate import (
 __all__ = [
     "ClusterOrder",
     "ClusteredBatchSampler",
+    "DatasetClustering",
     "PairClustering",
     "StaticSurrogate",
+    "cluster_dataset",
     "cluster_pairs",
     "default_cache_dir",
     "default_surrogate_cache_dir",

@@ -1,4 +1,4 @@
-"""On-disk cache of pair clusterings: the cache folder, fingerprints of the inputs, save and load."""
+"""On-disk cache of pair clusterings: the cache folders, fingerprints of the inputs, the cache key, save and load."""
 
 from __future__ import annotations
 
@@ -70,6 +70,42 @@ def _model_fingerprint(model: SentenceTransformer | str) -> str:
         data = tensor.detach().to("cpu").contiguous().reshape(-1)
         hasher.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
     return hasher.hexdigest()
+
+
+def _clustering_key(
+    num_rows: int,
+    settings: dict[str, Any],
+    domain_codes: np.ndarray,
+    domain_names: Sequence[Hashable],
+    *,
+    embeddings: tuple[np.ndarray, np.ndarray] | None = None,
+    surrogate_key: str | None = None,
+    max_seq_length: int | None = None,
+    queries: Sequence[str] = (),
+    documents: Sequence[str] = (),
+) -> str:
+    """The cache key of a clustering: a hash of the rows' domains, the clustering settings and either the
+    precomputed ``embeddings`` or the surrogate (``surrogate_key``, ``max_seq_length``) with the texts.
+
+    The byte layout is part of the cache format: a change makes every cached clustering unreachable (then bump
+    ``_CACHE_VERSION`` rather than leave stale files that look valid).
+    """
+    hasher = hashlib.sha256()
+    hasher.update(f"v{_CACHE_VERSION}:{num_rows}".encode())
+    for key in ("cluster_size", "seed", "niter", "max_points_per_centroid"):
+        hasher.update(f"|{key}={settings[key]}".encode())
+    _hash_array(hasher, domain_codes)
+    _hash_texts(hasher, [repr(name) for name in domain_names])
+    if embeddings is not None:
+        hasher.update(b"|precomputed")
+        _hash_array(hasher, np.asarray(embeddings[0], dtype=np.float32))
+        _hash_array(hasher, np.asarray(embeddings[1], dtype=np.float32))
+    else:
+        hasher.update(f"|model={surrogate_key}|max_seq_length={max_seq_length}".encode())
+        _hash_texts(hasher, queries)
+        hasher.update(b"|documents")
+        _hash_texts(hasher, documents)
+    return hasher.hexdigest()[:32]
 
 
 def _save_clustering(path: Path, clustering: PairClustering, meta: dict[str, Any]) -> None:

@@ -1,11 +1,14 @@
-"""``ClusteredBatchSampler``: contextual (clustered) batches for ``SentenceTransformerTrainer``."""
+"""``ClusteredBatchSampler``: contextual (clustered) batches for ``SentenceTransformerTrainer``.
+
+The sampler checks its options, reads the domains and text columns of the dataset, has the pairs clustered
+(:func:`~cde_st.batching.dataset_clustering.cluster_dataset`, on one process, shared with the others), packs the
+clusters into batches (:func:`~cde_st.batching.pack_clusters`) and hands them out epoch by epoch and rank by rank.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import time
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
@@ -16,25 +19,12 @@ import torch
 from sentence_transformers.base.data_collator import DEFAULT_LABEL_COLUMNS
 from sentence_transformers.base.sampler import DefaultBatchSampler
 
-from cde_st.batching.cache import (
-    _CACHE_VERSION,
-    _hash_array,
-    _hash_texts,
-    _load_clustering,
-    _model_fingerprint,
-    _save_clustering,
-    default_cache_dir,
-)
-from cde_st.batching.clustering import PairClustering, _encode_domains, cluster_pairs
+from cde_st.batching.cache import default_cache_dir
+from cde_st.batching.clustering import PairClustering
+from cde_st.batching.dataset_clustering import cluster_dataset
 from cde_st.batching.packing import ClusterOrder, pack_clusters
-from cde_st.batching.surrogate import (
-    SURROGATE_KINDS,
-    StaticSurrogate,
-    SurrogateKind,
-    _import_model2vec,
-    embed_pairs,
-    fit_static_surrogate,
-)
+from cde_st.batching.static_surrogate import StaticSurrogate
+from cde_st.batching.surrogate import SURROGATE_KINDS, SurrogateKind, _import_model2vec
 from cde_st.distributed import world
 
 if TYPE_CHECKING:
@@ -43,8 +33,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Bump when the static surrogate's preparation (distillation, fit) changes: part of its clustering cache key.
-_STATIC_VERSION = 1
 # Added by the trainer to multi-dataset inputs; never a text column.
 _RESERVED_COLUMNS = ("dataset_name", "return_loss")
 
@@ -82,7 +70,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
     ``DataLoader`` per process), pass ``rank=`` to make the sampler keep only its own batches.
 
     Options passed with ``functools.partial`` live in ``args.batch_sampler``, which the trainer pickles into
-    every checkpoint's ``training_args.bin``: prefer a model path (the default) to a model instance, and a plain
+    every checkpoint's ``training_args.bin``: prefer a surrogate path (the default) to a model instance, and a plain
     ``domains`` list to a large in-memory ``domain_dataset``; precomputed ``embeddings`` are stored there too.
 
     Caching: the clustering is stored under ``cache_dir`` (default ``~/.cache/cde_st/clusters``, or
@@ -99,19 +87,20 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         seed: seeds the clustering, the packing and (with the epoch) the batch order.
         cluster_size: target pairs per cluster; ``None`` uses ``batch_size`` (the paper's setting), clamped to
             the dataset size.
-        model: the surrogate: a ``SentenceTransformer`` or a path / hub id; ``None`` is the offline
-            all-MiniLM-L6-v2 (``cde_st._defaults``). Loaded only when the clustering is not cached. A
+        surrogate: the model that embeds the pairs for the clustering (not the model being trained): a
+            ``SentenceTransformer`` or a path / hub id; ``None`` is the offline all-MiniLM-L6-v2
+            (``cde_st._defaults``). Loaded only when the clustering is not cached. A
             :class:`~cde_st.batching.StaticSurrogate` is used as is (a static surrogate).
-        surrogate_kind: ``"transformer"`` embeds every pair with ``model``. ``"static"`` (for large datasets on a
-            CPU; ``pip install 'cde_st[fast-surrogate]'``) embeds them with a static-embedding model distilled
-            from ``model`` by model2vec (once, kept under ``$CDE_ST_CACHE/surrogates``, default
-            ``~/.cache/cde_st/surrogates``), fitted to ``model`` on ``static_fit_pairs`` random pairs and reduced
+        surrogate_kind: ``"transformer"`` embeds every pair with ``surrogate``. ``"static"`` (for large datasets on
+            a CPU; ``pip install 'cde_st[fast-surrogate]'``) embeds them with a static-embedding model distilled
+            from ``surrogate`` by model2vec (once, kept under ``$CDE_ST_CACHE/surrogates``, default
+            ``~/.cache/cde_st/surrogates``), fitted to ``surrogate`` on ``static_fit_pairs`` random pairs and reduced
             to ``static_dims`` dimensions (:func:`~cde_st.batching.fit_static_surrogate`): about as hard batches,
             in minutes instead of hours for a million pairs (benchmarks/RESULTS_sampler.md).
         static_fit_pairs: pairs the transformer embeds to fit the static surrogate (0: no transformer at all;
             measurably easier batches).
         static_dims: dimensions of the static surrogate's embeddings, i.e. of k-means (PCA).
-        embeddings: precomputed ``(query_embeddings, document_embeddings)``, each (N, D), instead of a model.
+        embeddings: precomputed ``(query_embeddings, document_embeddings)``, each (N, D), instead of a surrogate.
         query_column, document_column: the text columns; by default the first two string columns.
         domains: the domain of every row (a sequence of hashables).
         domain_dataset: a dataset, row-aligned with ``dataset``, whose ``domain_column`` holds the domains.
@@ -120,7 +109,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         niter: k-means iterations.
         max_points_per_centroid: k-means training subsample per centroid.
         encode_batch_size: surrogate encoding batch size.
-        max_seq_length: truncate texts for the surrogate (faster; ``None`` keeps the model's).
+        max_seq_length: truncate texts for the surrogate (faster; ``None`` keeps the surrogate's).
         device: device to load a surrogate given by path on.
         use_gpu: faiss on GPU; ``None`` uses one when available.
         cache: read and write the on-disk clustering cache.
@@ -129,6 +118,8 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         rank: yield only this rank's batches (batch ``i`` belongs to rank ``i % num_replicas``); leave ``None``
             under the trainer, where accelerate does this.
         show_progress_bar: progress bars for embedding and clustering.
+        model: deprecated old name of ``surrogate`` (a ``DeprecationWarning``); checkpoints whose pickled options
+            say ``model=`` still load.
 
     Example:
         ::
@@ -179,7 +170,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         seed: int = 0,
         *,
         cluster_size: int | None = None,
-        model: SentenceTransformer | StaticSurrogate | str | os.PathLike | None = None,
+        surrogate: SentenceTransformer | StaticSurrogate | str | os.PathLike | None = None,
         surrogate_kind: SurrogateKind = "transformer",
         static_fit_pairs: int = 4096,
         static_dims: int = 128,
@@ -201,7 +192,18 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         num_replicas: int | None = None,
         rank: int | None = None,
         show_progress_bar: bool = True,
+        model: SentenceTransformer | StaticSurrogate | str | os.PathLike | None = None,
     ) -> None:
+        if model is not None:
+            if surrogate is not None:
+                raise ValueError("Give the clustering surrogate once, as `surrogate=` (`model=` is its old name).")
+            warnings.warn(
+                "ClusteredBatchSampler(model=...) is deprecated: that argument is the clustering surrogate, not the "
+                "model being trained; use surrogate=... instead.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            surrogate = model
         if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
         super().__init__(
@@ -244,8 +246,8 @@ class ClusteredBatchSampler(DefaultBatchSampler):
 
         label_columns = list(valid_label_columns or DEFAULT_LABEL_COLUMNS)
         domain_values = self._resolve_domains(dataset, domains, domain_dataset, domain_column, num_rows)
-        if embeddings is not None and model is not None:
-            raise ValueError("Give either a surrogate `model` or precomputed `embeddings`, not both.")
+        if embeddings is not None and surrogate is not None:
+            raise ValueError("Give either a `surrogate` or precomputed `embeddings`, not both.")
         if surrogate_kind not in SURROGATE_KINDS:
             raise ValueError(f"surrogate_kind must be one of {SURROGATE_KINDS}, got {surrogate_kind!r}.")
         if not isinstance(static_dims, (int, np.integer)) or isinstance(static_dims, bool) or static_dims < 1:
@@ -254,18 +256,20 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             raise ValueError(f"static_fit_pairs must be an integer, got {static_fit_pairs!r}.")
         if static_fit_pairs < 0:
             raise ValueError(f"static_fit_pairs must be >= 0, got {static_fit_pairs}.")
-        self.surrogate_kind = "static" if isinstance(model, StaticSurrogate) else surrogate_kind
+        # What embeds the pairs (None: the default MiniLM); loaded only if the clustering is not cached.
+        self.surrogate = surrogate
+        self.surrogate_kind = "static" if isinstance(surrogate, StaticSurrogate) else surrogate_kind
         self.static_fit_pairs = int(static_fit_pairs)
         self.static_dims = int(static_dims)
         if self.surrogate_kind == "static" and embeddings is None:
-            if model is not None and not isinstance(model, (str, os.PathLike, StaticSurrogate)):
+            if surrogate is not None and not isinstance(surrogate, (str, os.PathLike, StaticSurrogate)):
                 raise ValueError(
                     "surrogate_kind='static' distils the surrogate from a model folder or hub id: pass its path as "
-                    f"model= (or a StaticSurrogate), not a loaded {type(model).__name__}."
+                    f"surrogate= (or a StaticSurrogate), not a loaded {type(surrogate).__name__}."
                 )
             _import_model2vec()  # fail now, with what to install, rather than after reading the dataset
         if embeddings is not None:
-            q_emb, d_emb = (np.asarray(e) for e in embeddings)
+            q_emb, d_emb = embeddings = tuple(np.asarray(e) for e in embeddings)
             if q_emb.ndim != 2 or q_emb.shape != d_emb.shape or len(q_emb) != num_rows:
                 raise ValueError(
                     f"embeddings must be two arrays of shape ({num_rows}, dim), one row per dataset row; "
@@ -275,33 +279,32 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             if query_column is not None or document_column is not None:
                 self._text_columns(dataset, query_column, document_column, label_columns, domain_column)
         else:
-            q_emb = d_emb = None
             self.query_column, self.document_column = self._text_columns(
                 dataset, query_column, document_column, label_columns, domain_column
             )
 
-        settings = dict(
-            cluster_size=self.cluster_size,
-            seed=self.seed,
-            niter=int(niter),
-            max_points_per_centroid=int(max_points_per_centroid),
-            use_gpu=use_gpu,
-            show_progress_bar=show_progress_bar,
-        )
         self.cache_path: Path | None = None  # set by whichever process computes or loads the clustering
         self.timings = {"embed_s": 0.0, "cluster_s": 0.0}
         self.clustering = self._get_clustering(
             dataset,
-            q_emb,
-            d_emb,
-            domain_values,
-            model=model,
+            cluster_size=self.cluster_size,
+            seed=self.seed,
+            query_column=self.query_column,
+            document_column=self.document_column,
+            embeddings=embeddings,
+            domains=domain_values,
+            surrogate=surrogate,
+            surrogate_kind=self.surrogate_kind,
+            static_fit_pairs=self.static_fit_pairs,
+            static_dims=self.static_dims,
+            niter=int(niter),
+            max_points_per_centroid=int(max_points_per_centroid),
+            use_gpu=use_gpu,
             device=device,
             encode_batch_size=encode_batch_size,
             max_seq_length=max_seq_length,
-            cache=cache,
-            cache_dir=Path(cache_dir) if cache_dir is not None else default_cache_dir(),
-            settings=settings,
+            cache_dir=(Path(cache_dir) if cache_dir is not None else default_cache_dir()) if cache else None,
+            show_progress_bar=show_progress_bar,
         )
         self.batches = pack_clusters(
             self.clustering.labels,
@@ -388,148 +391,27 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             raise ValueError(f"query_column and document_column are both {query_column!r}.")
         return query_column, document_column
 
-    def _get_clustering(
-        self,
-        dataset: Dataset,
-        q_emb: np.ndarray | None,
-        d_emb: np.ndarray | None,
-        domain_values: list[Hashable] | None,
-        *,
-        model: SentenceTransformer | str | os.PathLike | None,
-        device: str | None,
-        encode_batch_size: int,
-        max_seq_length: int | None,
-        cache: bool,
-        cache_dir: Path,
-        settings: dict[str, Any],
-    ) -> PairClustering:
-        num_rows = len(dataset)
+    def _get_clustering(self, dataset: Dataset, **options: Any) -> PairClustering:
+        """The pairs' clustering (:func:`cluster_dataset` with ``options``), the same on every rank."""
         world_size, rank = world()
         if world_size > 1:
             # One process clusters and the others receive the result, so that every rank packs the same batches
             # (independent k-means runs may differ in the last bits and so in a few assignments).
             payload: list[Any] = [None]
             if rank == 0:
-                payload[0] = self._compute_or_load(
-                    dataset, q_emb, d_emb, domain_values, model, device, encode_batch_size, max_seq_length,
-                    cache, cache_dir, settings,
-                )  # fmt: skip
+                payload[0] = self._cluster(dataset, options)
             torch.distributed.broadcast_object_list(payload, src=0)
             clustering = payload[0]
         else:
-            clustering = self._compute_or_load(
-                dataset, q_emb, d_emb, domain_values, model, device, encode_batch_size, max_seq_length,
-                cache, cache_dir, settings,
-            )  # fmt: skip
-        if len(clustering.labels) != num_rows:  # pragma: no cover - defensive
+            clustering = self._cluster(dataset, options)
+        if len(clustering.labels) != len(dataset):  # pragma: no cover - defensive
             raise RuntimeError("The clustering does not cover the dataset.")
         return clustering
 
-    def _compute_or_load(
-        self,
-        dataset: Dataset,
-        q_emb: np.ndarray | None,
-        d_emb: np.ndarray | None,
-        domain_values: list[Hashable] | None,
-        model: SentenceTransformer | str | os.PathLike | None,
-        device: str | None,
-        encode_batch_size: int,
-        max_seq_length: int | None,
-        cache: bool,
-        cache_dir: Path,
-        settings: dict[str, Any],
-    ) -> PairClustering:
-        num_rows = len(dataset)
-        codes, names = _encode_domains(domain_values, num_rows)
-
-        queries = documents = None
-        hasher = hashlib.sha256()
-        hasher.update(f"v{_CACHE_VERSION}:{num_rows}".encode())
-        for key in ("cluster_size", "seed", "niter", "max_points_per_centroid"):
-            hasher.update(f"|{key}={settings[key]}".encode())
-        _hash_array(hasher, codes)
-        _hash_texts(hasher, [repr(name) for name in names])
-        if q_emb is not None:
-            hasher.update(b"|precomputed")
-            _hash_array(hasher, np.asarray(q_emb, dtype=np.float32))
-            _hash_array(hasher, np.asarray(d_emb, dtype=np.float32))
-        else:
-            if model is None:
-                from cde_st._defaults import default_surrogate_model_path
-
-                model = default_surrogate_model_path()
-            queries = ["" if t is None else t for t in dataset[self.query_column]]
-            documents = ["" if t is None else t for t in dataset[self.document_column]]
-            if isinstance(model, StaticSurrogate):
-                surrogate_key = model.fingerprint()
-            else:
-                surrogate_key = _model_fingerprint(model)
-                if self.surrogate_kind == "static":  # (the transformer key is unchanged, so old caches still load)
-                    version = _import_model2vec().__version__
-                    surrogate_key += (
-                        f"|static:v{_STATIC_VERSION}:fit{self.static_fit_pairs}:d{self.static_dims}:model2vec{version}"
-                    )
-            hasher.update(f"|model={surrogate_key}|max_seq_length={max_seq_length}".encode())
-            _hash_texts(hasher, queries)
-            hasher.update(b"|documents")
-            _hash_texts(hasher, documents)
-        key = hasher.hexdigest()[:32]
-        self.cache_path = cache_dir / f"clusters-{key}.npz" if cache else None
-
-        if self.cache_path is not None and self.cache_path.exists():
-            clustering = _load_clustering(self.cache_path, num_rows, names)
-            if clustering is not None:
-                logger.info("Loaded the pair clustering from %s", self.cache_path)
-                self.timings = {"embed_s": 0.0, "cluster_s": 0.0}
-                return clustering
-
-        start = time.perf_counter()
-        if q_emb is None:
-            surrogate = model
-            if self.surrogate_kind == "static" and not isinstance(model, StaticSurrogate):
-                surrogate = fit_static_surrogate(
-                    model,
-                    queries,
-                    documents,
-                    fit_pairs=self.static_fit_pairs,
-                    dims=self.static_dims,
-                    max_seq_length=max_seq_length,
-                    seed=self.seed,
-                    device=device,
-                    encode_batch_size=encode_batch_size,
-                    show_progress_bar=settings["show_progress_bar"],
-                )
-            elif isinstance(model, (str, os.PathLike)):
-                from sentence_transformers import SentenceTransformer
-
-                surrogate = SentenceTransformer(os.fspath(model), device=device)
-                surrogate.eval()
-            q_emb, d_emb = embed_pairs(
-                surrogate,
-                queries,
-                documents,
-                batch_size=encode_batch_size,
-                max_seq_length=max_seq_length,
-                show_progress_bar=settings["show_progress_bar"],
-            )
-        embedded = time.perf_counter()
-        clustering = cluster_pairs(q_emb, d_emb, domains=domain_values, **settings)
-        self.timings = {"embed_s": embedded - start, "cluster_s": time.perf_counter() - embedded}
-        logger.info(
-            "Clustered %d pairs into %d clusters (embedding %.1fs, k-means %.1fs)",
-            num_rows,
-            clustering.num_clusters,
-            self.timings["embed_s"],
-            self.timings["cluster_s"],
-        )
-        if self.cache_path is not None:
-            meta = {k: v for k, v in settings.items() if k != "show_progress_bar"}
-            meta.update(rows=num_rows, query_column=self.query_column, document_column=self.document_column)
-            try:
-                _save_clustering(self.cache_path, clustering, meta)
-            except OSError as exc:
-                logger.warning("Could not write the clustering cache %s (%s)", self.cache_path, exc)
-        return clustering
+    def _cluster(self, dataset: Dataset, options: dict[str, Any]) -> PairClustering:
+        result = cluster_dataset(dataset, **options)
+        self.cache_path, self.timings = result.cache_path, result.timings
+        return result.clustering
 
     # ---- iteration -----------------------------------------------------------------------------------------
 

@@ -1,0 +1,185 @@
+"""The pair clustering of a training dataset, computed once and cached: the clustered sampler's preparation.
+
+From a dataset's (query, document) columns to a :class:`~cde_st.batching.PairClustering`: look the inputs up in
+the on-disk cache (:mod:`~cde_st.batching.cache`); on a miss, embed the pairs with the surrogate
+(:mod:`~cde_st.batching.surrogate`), cluster them (:func:`~cde_st.batching.cluster_pairs`) and store the result.
+:class:`~cde_st.batching.ClusteredBatchSampler` calls it on one process and shares the result with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from sentence_transformers import SentenceTransformer
+
+from cde_st._defaults import default_surrogate_model_path
+from cde_st.batching.cache import _clustering_key, _load_clustering, _model_fingerprint, _save_clustering
+from cde_st.batching.clustering import PairClustering, _encode_domains, cluster_pairs
+from cde_st.batching.static_surrogate import StaticSurrogate
+from cde_st.batching.surrogate import SurrogateKind, _import_model2vec, embed_pairs, fit_static_surrogate
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+logger = logging.getLogger(__name__)
+
+# Bump when the static surrogate's preparation (distillation, fit) changes: part of its clustering cache key.
+_STATIC_VERSION = 1
+
+
+@dataclass
+class DatasetClustering:
+    """The result of :func:`cluster_dataset`.
+
+    Attributes:
+        clustering: the pairs' clusters.
+        cache_path: the cache file of this clustering (``None`` without a cache); it exists once stored.
+        timings: seconds spent embedding (``embed_s``) and clustering (``cluster_s``); zeros when loaded.
+    """
+
+    clustering: PairClustering
+    cache_path: Path | None
+    timings: dict[str, float] = field(default_factory=lambda: {"embed_s": 0.0, "cluster_s": 0.0})
+
+
+def surrogate_cache_key(
+    surrogate: SentenceTransformer | StaticSurrogate | str | os.PathLike,
+    surrogate_kind: SurrogateKind,
+    static_fit_pairs: int,
+    static_dims: int,
+) -> str:
+    """What identifies the surrogate in a clustering's cache key: its fingerprint, plus for a static surrogate
+    distilled here the preparation settings and the model2vec version (the transformer key has no suffix, so
+    clusterings cached before the static surrogate existed still load)."""
+    if isinstance(surrogate, StaticSurrogate):
+        return surrogate.fingerprint()
+    key = _model_fingerprint(surrogate)
+    if surrogate_kind == "static":
+        version = _import_model2vec().__version__
+        key += f"|static:v{_STATIC_VERSION}:fit{static_fit_pairs}:d{static_dims}:model2vec{version}"
+    return key
+
+
+def cluster_dataset(
+    dataset: Dataset,
+    *,
+    cluster_size: int,
+    seed: int = 0,
+    query_column: str | None = None,
+    document_column: str | None = None,
+    embeddings: tuple[np.ndarray, np.ndarray] | None = None,
+    domains: list[Hashable] | None = None,
+    surrogate: SentenceTransformer | StaticSurrogate | str | os.PathLike | None = None,
+    surrogate_kind: SurrogateKind = "transformer",
+    static_fit_pairs: int = 4096,
+    static_dims: int = 128,
+    niter: int = 20,
+    max_points_per_centroid: int = 256,
+    use_gpu: bool | None = None,
+    device: str | None = None,
+    encode_batch_size: int = 64,
+    max_seq_length: int | None = None,
+    cache_dir: Path | None = None,
+    show_progress_bar: bool = False,
+) -> DatasetClustering:
+    """Cluster the (query, document) pairs of ``dataset``, or load the clustering cached for the same inputs.
+
+    The arguments are :class:`~cde_st.batching.ClusteredBatchSampler`'s (already checked there): either
+    precomputed ``embeddings`` or the text columns and a ``surrogate`` (``None``: the offline all-MiniLM-L6-v2)
+    of kind ``surrogate_kind``. The texts are read only when there are no ``embeddings``. ``cache_dir=None``
+    neither reads nor writes a cache.
+    """
+    num_rows = len(dataset)
+    codes, names = _encode_domains(domains, num_rows)
+    settings = dict(
+        cluster_size=cluster_size,
+        seed=seed,
+        niter=niter,
+        max_points_per_centroid=max_points_per_centroid,
+        use_gpu=use_gpu,
+        show_progress_bar=show_progress_bar,
+    )
+
+    queries = documents = None
+    if embeddings is not None:
+        key = _clustering_key(num_rows, settings, codes, names, embeddings=embeddings)
+    else:
+        if surrogate is None:
+            surrogate = default_surrogate_model_path()
+        queries = ["" if t is None else t for t in dataset[query_column]]
+        documents = ["" if t is None else t for t in dataset[document_column]]
+        key = _clustering_key(
+            num_rows,
+            settings,
+            codes,
+            names,
+            surrogate_key=surrogate_cache_key(surrogate, surrogate_kind, static_fit_pairs, static_dims),
+            max_seq_length=max_seq_length,
+            queries=queries,
+            documents=documents,
+        )
+    cache_path = cache_dir / f"clusters-{key}.npz" if cache_dir is not None else None
+
+    if cache_path is not None and cache_path.exists():
+        clustering = _load_clustering(cache_path, num_rows, names)
+        if clustering is not None:
+            logger.info("Loaded the pair clustering from %s", cache_path)
+            return DatasetClustering(clustering, cache_path)
+
+    start = time.perf_counter()
+    if embeddings is not None:
+        q_emb, d_emb = embeddings
+    else:
+        model = surrogate
+        if surrogate_kind == "static" and not isinstance(surrogate, StaticSurrogate):
+            model = fit_static_surrogate(
+                surrogate,
+                queries,
+                documents,
+                fit_pairs=static_fit_pairs,
+                dims=static_dims,
+                max_seq_length=max_seq_length,
+                seed=seed,
+                device=device,
+                encode_batch_size=encode_batch_size,
+                show_progress_bar=show_progress_bar,
+            )
+        elif isinstance(surrogate, (str, os.PathLike)):
+            model = SentenceTransformer(os.fspath(surrogate), device=device)
+            model.eval()
+        q_emb, d_emb = embed_pairs(
+            model,
+            queries,
+            documents,
+            batch_size=encode_batch_size,
+            max_seq_length=max_seq_length,
+            show_progress_bar=show_progress_bar,
+        )
+    embedded = time.perf_counter()
+    clustering = cluster_pairs(q_emb, d_emb, domains=domains, **settings)
+    timings = {"embed_s": embedded - start, "cluster_s": time.perf_counter() - embedded}
+    logger.info(
+        "Clustered %d pairs into %d clusters (embedding %.1fs, k-means %.1fs)",
+        num_rows,
+        clustering.num_clusters,
+        timings["embed_s"],
+        timings["cluster_s"],
+    )
+    if cache_path is not None:
+        meta = {k: v for k, v in settings.items() if k != "show_progress_bar"}
+        meta.update(rows=num_rows, query_column=query_column, document_column=document_column)
+        try:
+            _save_clustering(cache_path, clustering, meta)
+        except OSError as exc:
+            logger.warning("Could not write the clustering cache %s (%s)", cache_path, exc)
+    return DatasetClustering(clustering, cache_path, timings)
+
+
+__all__ = ["DatasetClustering", "cluster_dataset", "surrogate_cache_key"]
