@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issues 11 and 12: the contextual model that starts as its bi-encoder (zero-initialised context gate), trained on
 # partial and empty contexts (context_dropout), with cached or joint context attention, against the bi-encoder
-# (c) of docs/RESULTS.md (issue 6) on the same data, batches, loss and seeds (preset `mini`, no prefixes).
+# (c) of docs/experiment_log.md (issue 6; names in its glossary)
+# on the same data, batches, loss and seeds (preset `mini`, no prefixes).
 # Usage: bash benchmarks/quality/context_gate_comparison.sh VARIANT SEED [eval-only]
 #   VARIANT: dgc (gate + cached, residual output head, added params at lr 5e-3), dgc2 (gate + cached,
 #   no output head, no first-stage MLP, added params at lr 2e-2), dgj (dgc2 with joint attention), dgc2u (the preset:
@@ -12,8 +13,8 @@
 #   EXTRA takes any TrainConfig field (items split on whitespace, so no spaces inside a value), e.g.
 #   cluster_size=1000000 (one cluster per domain) or, as an in-domain diagnostic (SciFact test is then in-domain),
 #   train_data=[../shared/data/pairs/scifact_train.jsonl.gz] exclude_domains=[] max_pairs=null num_train_epochs=5.0
-#   (docs/RESULTS.md, issue 11, session 8);
-#   TABLE2=1 also scores the five cheaper Table-2 tasks (docs/RESULTS.md, issue 11).
+#   (docs/experiment_log.md, issue 11, session 8);
+#   TABLE2=1 also scores the five cheaper Table-2 tasks (docs/RESULTS.md: the six-task tables).
 # Scores SciFact test NDCG@10 at max_seq_length 256 with J = 64, 0 and 16 (the context-size sweep).
 set -euo pipefail
 cd "$(dirname "$0")/../.."  # the repository root

@@ -4,7 +4,8 @@
 # No task prefixes anywhere (MiniLM was trained without them), so the models differ only in what is compared.
 # Usage: bash benchmarks/quality/mini_comparison.sh [train|eval|all|diagnose]   (ONLY=d to evaluate one model; results: runs/)
 # diagnose (after train): (d)'s context-size sweep and random-corpus context, all four at the training length 64,
-# the own-positive-in-context probe, and (c)/(d) retrained at length 128, for 2 epochs, with seed 1 (docs/RESULTS.md).
+# the own-positive-in-context probe, and (c)/(d) retrained at length 128, for 2 epochs,
+# with seed 1 (docs/experiment_log.md, 2026-11-21).
 # All four are scored at max_seq_length 256 (the standard SciFact protocol), whatever length they were trained at.
 set -euo pipefail
 cd "$(dirname "$0")/../.."  # the repository root
