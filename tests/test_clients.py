@@ -1,5 +1,5 @@
-"""The README's "Use with ..." snippets: each examples/clients/ script runs on a tiny saved model, and the vectors a
-client returns are the contextual model's own (its prompts and its corpus context)."""
+"""The client snippets of docs/integrations.md: each examples/clients/ script runs on a tiny saved model, and the
+vectors a client returns are the contextual model's own (its prompts and its corpus context)."""
 
 from __future__ import annotations
 

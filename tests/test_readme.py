@@ -6,8 +6,9 @@ Markers, HTML comments on the lines just before a block (invisible on GitHub):
 - ``<!-- requires: module -->``: skipped when that module (an optional extra) is not installed.
 - ``<!-- continues -->``: runs after the previous block, in the same process (it uses that block's names).
 
-A block continues only blocks of its own file. Each block runs in ``tmp/work`` with ``tmp/shared`` linked to the checkout's ``../shared``, so the README's
-``../shared/data`` paths resolve and what a block writes (``my-cde``, ``runs/``) stays in the temp folder.
+A block continues only blocks of its own file. Each block runs in ``tmp/work`` with ``tmp/shared`` linked to the
+checkout's ``../shared``, so the documents' ``../shared/data`` paths resolve and what a block writes (``my-cde``,
+``runs/``) stays in the temp folder.
 """
 
 from __future__ import annotations
