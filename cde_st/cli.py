@@ -5,19 +5,26 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import typing
 from pathlib import Path
 from typing import Any
 
+import torch
+import yaml
+from huggingface_hub import try_to_load_from_cache
+from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+from cde_st import training
+from cde_st.model import ContextualSentenceTransformer
+from cde_st.released import ReleasedCheckpointError, is_released_checkpoint
+from cde_st.training import PRESET_TIMES, PRESETS, TRAIN_DATA_HELP, TrainConfig, TrainConfigError, config_yaml
+
 
 def _parse_overrides(items: list[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` items as TrainConfig fields: values read as YAML, then checked and coerced against the
     field types (a :class:`~cde_st.training.TrainConfigError` names the item, the field and the expected type)."""
-    import yaml
-
-    from cde_st.training import TrainConfig, TrainConfigError
-
     overrides = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -37,8 +44,6 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
 
 def _takes_text(field: str) -> bool:
     """Whether TrainConfig ``field`` holds one string (``str`` or ``str | None``)."""
-    from cde_st.training import TrainConfig
-
     hint = typing.get_type_hints(TrainConfig).get(field)
     return hint is str or (typing.get_origin(hint) is not None and set(typing.get_args(hint)) == {str, type(None)})
 
@@ -73,10 +78,6 @@ def _not_cached_message(err: BaseException, models: dict[str, str], how: str) ->
     """One line for a model that is neither a local folder nor in the Hugging Face cache while the hub cannot be
     reached (offline); None for any other error. ``models``: the option/field -> model name the command loads;
     ``how``: how to give a local folder instead."""
-    import re
-
-    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
-
     chain = _error_chain(err)
     offline = any(isinstance(e, (LocalEntryNotFoundError, OfflineModeIsEnabled)) for e in chain) or any(
         "couldn't connect to 'https://huggingface.co'" in str(e) for e in chain
@@ -102,8 +103,6 @@ def _not_cached_message(err: BaseException, models: dict[str, str], how: str) ->
 
 def _in_hf_cache(name: str) -> bool:
     try:
-        from huggingface_hub import try_to_load_from_cache
-
         return isinstance(try_to_load_from_cache(name, "config.json"), str)
     except Exception:  # not a valid repo id
         return False
@@ -135,8 +134,6 @@ def _device_problem(device: str | None) -> str | None:
     """What is wrong with ``--device`` on this machine (None: nothing), before any model is loaded."""
     if device is None:
         return None
-    import torch
-
     try:
         kind = torch.device(device).type
     except (RuntimeError, ValueError):
@@ -163,13 +160,12 @@ def train_main(argv: list[str] | None = None) -> None:
 def train_run(argv: list[str] | None = None) -> int:
     """Train a contextual model (or a bi-encoder baseline) from a preset and/or a YAML/JSON config; returns the
     exit status (0, or 2 after a one-line ``error: ...``)."""
-    from cde_st import training
-    from cde_st.training import PRESET_TIMES, PRESETS, TrainConfig
-
     parser = _ArgumentParser(
         prog="cde-st-train",
         description="Train a contextual document embedding model with SentenceTransformerTrainer.",
-        epilog="Example: cde-st-train --preset mini --set model=biencoder batching=random --output-dir runs/b\n"
+        epilog="Example: cde-st-train --preset mini --set train_data=[../shared/data/pairs] model=biencoder "
+        "batching=random --output-dir runs/b\n"
+        "Presets are commented YAML files (cde_st/training/presets/); --print-config prints a resolved config to copy.\n"
         "Errors are one line `error: ...` (exit status 2); --debug or CDE_ST_DEBUG=1 shows the traceback.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -204,12 +200,18 @@ def train_run(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --resume: continue although the config differs from the one the checkpoints were trained with",
     )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config (of --preset / --config / --set) as YAML to copy into a --config file, and exit",
+    )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
 
     # cde_st's own progress at INFO; dependencies (faiss, datasets, httpx, ...) only from WARNING up.
     _quiet_dependencies()
     models: dict[str, str] = {}
+    preset = None
     try:
         overrides = _parse_overrides(args.set)
         if args.output_dir:
@@ -219,6 +221,9 @@ def train_run(argv: list[str] | None = None) -> int:
         values.pop("preset", None)
         values.update(overrides)
         cfg = TrainConfig.from_preset(preset, **values) if preset else TrainConfig.from_dict(values)
+        if args.print_config:
+            print(config_yaml(cfg), end="")
+            return 0
         models = {k: getattr(cfg, k) for k in ("init_from", "base_model", "surrogate", "guide")}
         training.train(
             cfg,
@@ -229,6 +234,14 @@ def train_run(argv: list[str] | None = None) -> int:
     except training.RunFinishedError as err:
         print(f"cde-st-train: {err}", file=sys.stderr)
         return 0
+    except training.NoTrainingDataError:
+        if _debug_wanted(argv):
+            raise
+        source = f"preset {preset!r}" if preset else "the config"
+        if args.config:
+            source = f"config {args.config}" + (f" (preset {preset!r})" if preset else "")
+        print(f"error: {source} has no training data: pass --set train_data=[PATH] ({TRAIN_DATA_HELP})", file=sys.stderr)
+        return 2
     except Exception as err:
         if _debug_wanted(argv):
             raise
@@ -322,6 +335,7 @@ def eval_run(argv: list[str] | None = None) -> int:
     args = _eval_parser().parse_args(argv)
     _quiet_dependencies()
 
+    # Deferred: the evaluation kit imports mteb (seconds), which the train and convert commands never need.
     from cde_st.evaluation.local_tasks import LocalDataError
     from cde_st.evaluation.runner import TaskDataError, UnknownTaskError, evaluate_model
 
@@ -392,9 +406,6 @@ def convert_run(argv: list[str] | None = None) -> int:
     parser.add_argument("--revision", help="hub revision of SRC")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
-
-    from cde_st.model import ContextualSentenceTransformer
-    from cde_st.released import ReleasedCheckpointError, is_released_checkpoint
 
     dst = Path(args.dst).expanduser()
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):

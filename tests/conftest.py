@@ -43,9 +43,24 @@ def shared_data() -> Path:
 def tiny_bert_dir(tmp_path_factory) -> str:
     """A tiny randomly initialised BERT (hidden 32, 2 layers) with its own generated WordPiece tokenizer: a HF model
     folder built offline, no downloaded model needed."""
-    from cde_st.training import build_tiny_encoder
+    from cde_st.training.tiny import build_tiny_encoder
 
     return build_tiny_encoder(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture
+def cli_config(monkeypatch):
+    """Function: the TrainConfig that ``cde-st-train ARGV`` would train (training itself replaced by a recorder)."""
+    import cde_st.training
+    from cde_st.cli import train_main
+
+    def config_of(argv: list[str]):
+        seen = {}
+        monkeypatch.setattr(cde_st.training, "train", lambda cfg, **kwargs: seen.setdefault("cfg", cfg))
+        train_main(argv)
+        return seen["cfg"]
+
+    return config_of
 
 
 @pytest.fixture

@@ -1,0 +1,83 @@
+"""Training recipe: one config, presets, training pairs, and the SentenceTransformerTrainer wiring.
+
+``train/train_cde.py`` and the ``cde-st-train`` command are thin over :func:`train`. Modules, in the order a run
+uses them:
+
+- :mod:`~cde_st.training.config`: :class:`TrainConfig` (every knob), config files, ``--set`` values and the presets
+  (``presets/NAME.yaml``: commented files to read and copy); :mod:`~cde_st.training.coercion` converts values;
+- :mod:`~cde_st.training.data`: the training pairs (``train_data``: jsonl files/folders, BEIR, hub, built-in);
+- :mod:`~cde_st.training.tiny`: the tiny offline encoder of ``--preset tiny`` and the tests;
+- :mod:`~cde_st.training.output_dir`: output folder, resume and overwrite rules;
+- :mod:`~cde_st.training.run`: model, loss, optimizer, sampler and evaluator, and :func:`train`.
+
+    cfg = TrainConfig.from_preset("mini", train_data=["../shared/data/pairs"], output_dir="runs/mini-cde")
+    model = train(cfg)
+"""
+
+from cde_st.training.config import (
+    PRESET_DIR,
+    PRESET_TIMES,
+    PRESETS,
+    TrainConfig,
+    TrainConfigError,
+    config_yaml,
+    default_output_dir,
+)
+from cde_st.training.data import (
+    TRAIN_DATA_HELP,
+    NoTrainingDataError,
+    TrainingDataError,
+    load_pairs,
+    tiny_pairs,
+)
+from cde_st.training.output_dir import (
+    RESUMABLE_FIELDS,
+    OutputDirError,
+    ResumeConfigError,
+    RunFinishedError,
+    prepare_output_dir,
+)
+from cde_st.training.run import (
+    MainProcessSavingTrainer,
+    build_batch_sampler,
+    build_evaluator,
+    build_loss,
+    build_model,
+    build_optimizer,
+    model_path,
+    resolved_prompts,
+    train,
+)
+from cde_st.training.tiny import build_tiny_encoder, build_tiny_tokenizer, tiny_vocab
+
+__all__ = [
+    "PRESETS",
+    "PRESET_DIR",
+    "PRESET_TIMES",
+    "RESUMABLE_FIELDS",
+    "TRAIN_DATA_HELP",
+    "MainProcessSavingTrainer",
+    "NoTrainingDataError",
+    "OutputDirError",
+    "ResumeConfigError",
+    "RunFinishedError",
+    "TrainConfig",
+    "TrainConfigError",
+    "TrainingDataError",
+    "build_batch_sampler",
+    "build_evaluator",
+    "build_loss",
+    "build_model",
+    "build_optimizer",
+    "build_tiny_encoder",
+    "build_tiny_tokenizer",
+    "config_yaml",
+    "default_output_dir",
+    "load_pairs",
+    "model_path",
+    "prepare_output_dir",
+    "resolved_prompts",
+    "tiny_pairs",
+    "tiny_vocab",
+    "train",
+]

@@ -1,0 +1,184 @@
+"""Training pairs: every ``train_data`` source read into one ``Dataset(query, document, domain)``.
+
+Sources (``TrainConfig.train_data``, several may be combined):
+
+- a ``.jsonl`` / ``.jsonl.gz`` file of ``{"query": ..., "document": ..., "domain": ...}`` rows (``domain``
+  optional: the file name), or a folder of such files (the format of ``../shared/data/pairs``);
+- ``beir:FOLDER[:split]``: the (query, relevant document) pairs of a BEIR folder's qrels (default split: train);
+- ``hub:NAME[:config]``: the first two text columns of a Hugging Face dataset's train split;
+- ``builtin:tiny``: 64 generated pairs in two domains, for the tiny smoke-test preset.
+
+Files are read with :mod:`cde_st.data` (the one validating reader: errors name the file and line).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from pathlib import Path
+
+from datasets import Dataset, concatenate_datasets, load_dataset
+
+from cde_st.data import DataError, iter_lines, load_beir, read_jsonl_lines
+from cde_st.training.config import TrainConfig, TrainConfigError
+
+logger = logging.getLogger(__name__)
+
+# What `train_data` accepts, as the error of a run without training data says it.
+TRAIN_DATA_HELP = (
+    "a folder or .jsonl(.gz) file of query/document pairs, a BEIR folder as beir:FOLDER[:split], or hub:owner/name"
+)
+
+# A training data file that cannot be read as pairs (the message names the file and the line): the data layer's
+# error, under the name this module has always raised.
+TrainingDataError = DataError
+
+
+class NoTrainingDataError(TrainConfigError):
+    """The config names no training data (``train_data`` is empty): the mini and paper presets bring none."""
+
+
+def tiny_pairs() -> list[dict[str, str]]:
+    """The built-in pairs of ``builtin:tiny``: 64 generated (query, document) pairs on 8 topics, in two domains."""
+    topics = ["rain", "stocks", "proteins", "glaciers", "courts", "coffee", "music", "networks"]
+    rows = []
+    for i in range(64):
+        topic = topics[i % len(topics)]
+        rows.append(
+            {
+                "query": f"question {i} about {topic}",
+                "document": f"a passage number {i} explaining {topic} in some detail",
+                "domain": "even" if i % 2 == 0 else "odd",
+            }
+        )
+    return rows
+
+
+def _jsonl_files(source: str) -> list[str]:
+    if os.path.isdir(source):
+        files = sorted(glob.glob(os.path.join(source, "*.jsonl")) + glob.glob(os.path.join(source, "*.jsonl.gz")))
+        if not files:
+            raise FileNotFoundError(f"No *.jsonl or *.jsonl.gz files in {source}.")
+        return files
+    if not os.path.exists(source):
+        raise FileNotFoundError(f"Training data {source!r} does not exist.")
+    return [source]
+
+
+def _domain_of(path: str) -> str:
+    name = os.path.basename(path)
+    for suffix in (".gz", ".jsonl", ".json"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def read_pairs_file(path: str) -> list[dict[str, str]]:
+    """The (query, document, domain) rows of a jsonl(.gz) file, each line checked: a JSON object with string
+    ``query`` and ``document`` (and, if present, ``domain``; the file name otherwise). Blank lines are skipped,
+    other fields ignored, an empty file gives no rows (with a warning). A :class:`TrainingDataError` names the file
+    and line of the first bad row."""
+    if next(iter_lines(Path(path)), None) is None:
+        logger.warning("%s holds no pairs (empty file).", path)
+        return []
+    default_domain = _domain_of(path)
+    rows = []
+    for line_no, row in read_jsonl_lines(path, ["query", "document"], optional=["domain"]):
+        for key, value in row.items():
+            if not isinstance(value, str):
+                what = f"{type(value).__name__} {value!r:.80}"
+                raise TrainingDataError(f"{path}:{line_no}: field {key!r} must be str, got {what}.")
+            if not _encodable(value):
+                bad = next(c for c in value if not _encodable(c))
+                raise TrainingDataError(
+                    f"{path}:{line_no}: field {key!r} holds a lone surrogate escape \\u{ord(bad):04x} (half of a "
+                    "UTF-16 pair), which is not text a tokenizer can read; fix or drop the row."
+                )
+        rows.append({"query": row["query"], "document": row["document"], "domain": row.get("domain", default_domain)})
+    return rows
+
+
+def _load_jsonl_pairs(path: str) -> Dataset:
+    rows = read_pairs_file(path)
+    return Dataset.from_dict(
+        {
+            "query": [r["query"] for r in rows],
+            "document": [r["document"] for r in rows],
+            "domain": [r["domain"] for r in rows],
+            "source": [_domain_of(path)] * len(rows),
+        }
+    )
+
+
+def _load_beir_pairs(folder: str, split: str = "train") -> Dataset:
+    """(query, positive document) pairs from a BEIR folder's qrels (score > 0)."""
+    data = load_beir(folder, split)
+    docs = data.document_texts()
+    rows = [
+        (data.queries[q], docs[d])
+        for q, rel in data.qrels.items()
+        for d, score in rel.items()
+        if score > 0 and q in data.queries and d in docs
+    ]
+    name = Path(folder).name + f"_{split}"
+    return Dataset.from_dict(
+        {"query": [r[0] for r in rows], "document": [r[1] for r in rows], "domain": [name] * len(rows)}
+    )
+
+
+def _load_hub_pairs(spec: str) -> Dataset:
+    name, _, config = spec.partition(":")
+    ds = load_dataset(name, config or None, split="train")
+    text_columns = [c for c, f in ds.features.items() if getattr(f, "dtype", None) == "string"]
+    if len(text_columns) < 2:
+        raise ValueError(f"Hub dataset {spec!r} has fewer than two text columns: {list(ds.features)}.")
+    ds = ds.select_columns(text_columns[:2]).rename_columns({text_columns[0]: "query", text_columns[1]: "document"})
+    return ds.add_column("domain", [name] * len(ds))
+
+
+def load_pairs(cfg: TrainConfig) -> Dataset:
+    """All training pairs of ``cfg.train_data`` as one ``Dataset(query, document, domain)`` (sources: see the module
+    docstring). ``exclude_domains`` drops rows by domain or by source file name (e.g. ``scifact`` or
+    ``scifact_train``); ``max_pairs`` keeps a seeded sample; per-domain prompts are applied to the texts."""
+    parts = []
+    for source in cfg.train_data:
+        if source == "builtin:tiny":
+            parts.append(Dataset.from_list(tiny_pairs()))
+        elif source.startswith("beir:"):
+            folder, _, split = source[len("beir:") :].partition(":")
+            parts.append(_load_beir_pairs(folder, split or "train"))
+        elif source.startswith("hub:"):
+            parts.append(_load_hub_pairs(source[len("hub:") :]))
+        else:
+            parts.extend(_load_jsonl_pairs(path) for path in _jsonl_files(source))
+    if not parts:
+        raise NoTrainingDataError(f"No training data: set train_data to {TRAIN_DATA_HELP}.")
+    parts = [p if "source" in p.column_names else p.add_column("source", list(p["domain"])) for p in parts]
+    pairs = concatenate_datasets(parts)
+    if cfg.exclude_domains:
+        excluded = set(cfg.exclude_domains)
+        pairs = pairs.filter(lambda d, s: d not in excluded and s not in excluded, input_columns=["domain", "source"])
+    pairs = pairs.remove_columns("source")
+    if len(pairs) == 0:
+        raise ValueError(f"No training pairs left after excluding domains {cfg.exclude_domains}.")
+    if cfg.max_pairs is not None and cfg.max_pairs < len(pairs):
+        pairs = pairs.shuffle(seed=cfg.seed).select(range(cfg.max_pairs))
+    if cfg.domain_prompts:
+
+        def prefix(row):
+            prompts = cfg.domain_prompts.get(row["domain"], {})
+            return {
+                "query": prompts.get("query", "") + row["query"],
+                "document": prompts.get("document", "") + row["document"],
+            }
+
+        pairs = pairs.map(prefix)
+    return pairs

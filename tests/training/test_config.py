@@ -1,0 +1,173 @@
+"""cde_st.training.config: presets, config files, --set values and direct construction, all checked the same way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cde_st.cli import train_main
+from cde_st.training import TrainConfig
+
+
+def test_presets_and_config_files(tmp_path):
+    cfg = TrainConfig.from_preset("mini", batch_size=32)
+    assert (cfg.context_size, cfg.max_seq_length, cfg.batch_size) == (64, 64, 32)
+    assert "scifact_train" in cfg.exclude_domains
+    path = tmp_path / "cfg.yaml"
+    path.write_text("preset: tiny\nmodel: biencoder\nbatching: random\n")
+    cfg = TrainConfig.from_file(path, max_steps=2)
+    assert (cfg.model, cfg.batching, cfg.max_steps, cfg.base_model) == ("biencoder", "random", 2, "tiny")
+    with pytest.raises(ValueError, match="unknown training config field 'batchsize'. Did you mean 'batch_size'"):
+        TrainConfig.from_dict({"batchsize": 3})
+    with pytest.raises(ValueError, match="Unknown preset"):
+        TrainConfig.from_preset("huge")
+    with pytest.raises(FileNotFoundError):
+        TrainConfig.from_file(tmp_path / "missing.yaml")
+
+
+def test_shipped_config_files_load():
+    folder = Path(__file__).parents[2] / "train" / "configs"
+    configs = {path.name: TrainConfig.from_file(path) for path in sorted(folder.glob("*.yaml"))}
+    assert {"mini_contextual.yaml", "mini_contextual_j512.yaml"} <= set(configs)
+    big, mini = configs["mini_contextual_j512.yaml"], TrainConfig.from_preset("mini")
+    assert (big.context_size, big.batch_size, big.cluster_size, big.max_pairs) == (512, 512, 512, None)
+    assert big.model_config == mini.model_config and big.context_dropout == mini.context_dropout
+
+
+def test_set_overrides_are_coerced_to_the_field_types(cli_config, tmp_path):
+    cfg = cli_config(
+        ["--preset", "tiny", "--output-dir", str(tmp_path / "o"), "--set", "learning_rate=1e-3", "train_data=a.jsonl"],
+    )
+    assert cfg.learning_rate == 1e-3 and isinstance(cfg.learning_rate, float)  # YAML reads "1e-3" as a string
+    assert cfg.train_data == ["a.jsonl"]  # a single path, not its characters
+    cfg = cli_config(["--preset", "tiny", "--set", "max_steps=6.0", "added_params_lr=3", "guide=null"])
+    assert (cfg.max_steps, cfg.added_params_lr, cfg.guide) == (6, 3.0, None)
+    assert isinstance(cfg.max_steps, int) and isinstance(cfg.added_params_lr, float)
+
+
+@pytest.mark.parametrize(
+    "item, expected",
+    [
+        ("max_steps=2.5", r"max_steps.*2\.5.*int"),
+        ("learning_rate=fast", r"learning_rate.*'fast'.*float"),
+        ("filter_false_negatives=maybe", r"filter_false_negatives.*'maybe'.*bool"),
+        ("train_data=[a, 3]", r"train_data\[1\].*3.*str"),
+        ("domain_prompts=x", r"domain_prompts.*'x'.*dict"),
+        ("batching=kmeans", r"batching.*'kmeans'.*clustered"),
+        ("surrogate_kind=fast", r"surrogate_kind.*'fast'.*static"),
+        ("batchsize=3", r"[Uu]nknown.*batchsize"),
+    ],
+)
+def test_set_overrides_with_wrong_types_name_field_value_and_type(cli_config, capsys, item, expected):
+    import re
+
+    with pytest.raises(SystemExit) as exc:
+        cli_config(["--preset", "tiny", "--set", item])
+    message = capsys.readouterr().err + str(exc.value.code)
+    assert "--set" in message and re.search(expected, message), message
+
+
+def test_config_file_fields_are_checked_with_file_and_line(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("preset: tiny\nlearning_rate: 1e-3\ntrain_data: data/pairs.jsonl\n")
+    cfg = TrainConfig.from_file(path)
+    assert cfg.learning_rate == 1e-3 and cfg.train_data == ["data/pairs.jsonl"]
+    path.write_text("preset: tiny\nmodel: biencoder\nmax_steps: 2.5\n")
+    with pytest.raises(ValueError, match=rf"{path}, line 3: .*max_steps.*2\.5.*int"):
+        TrainConfig.from_file(path)
+    path = tmp_path / "run.json"
+    path.write_text('{\n  "batch_size": 8,\n  "warmup_steps": "many"\n}\n')
+    with pytest.raises(ValueError, match=rf"{path}, line 3: .*warmup_steps.*'many'.*int"):
+        TrainConfig.from_file(path)
+    path.write_text('{\n  "batch_size": 8,\n  "batchsize": 8\n}\n')
+    with pytest.raises(ValueError, match=rf"{path}, line 3: .*[Uu]nknown.*batchsize"):
+        TrainConfig.from_file(path)
+    path.write_text('{\n  "batch_size": 8,\n')
+    with pytest.raises(ValueError, match=rf"{path}.*line 3"):
+        TrainConfig.from_file(path)
+
+
+def test_presets_and_direct_construction_are_checked_too(monkeypatch):
+    import cde_st.training
+
+    monkeypatch.setitem(cde_st.training.PRESETS, "broken", {"max_steps": "ten"})
+    with pytest.raises(ValueError, match=r"preset 'broken'.*max_steps.*'ten'.*int"):
+        TrainConfig.from_preset("broken")
+    with pytest.raises(ValueError, match=r"overrides.*batch_size.*1\.5.*int"):
+        TrainConfig.from_preset("tiny", batch_size=1.5)
+    assert TrainConfig(learning_rate="2e-5", exclude_domains="scifact").exclude_domains == ["scifact"]
+    with pytest.raises(ValueError, match=r"TrainConfig.*context_size.*True.*int"):
+        TrainConfig(context_size=True)
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        (dict(seed=-1), r"'seed' = -1: must be in \[0, 2\*\*32 - 1\]"),
+        (dict(cluster_size=0), r"'cluster_size' = 0: must be >= 1, or null for the batch size"),
+        (dict(eval_steps=0), r"'eval_steps' = 0: must be >= 1, or null to evaluate only at the end"),
+        (dict(max_pairs=0), r"'max_pairs' = 0: must be >= 1, or null for all pairs"),
+        (dict(margin=10), r"'margin' = 10.0: .*a margin >= 2 filters every negative"),
+        (dict(margin=float("nan")), r"'margin' = nan: must be a finite number"),
+        (dict(added_params_lr=-1e-3), r"'added_params_lr' = -0.001: must be a finite number >= 0"),
+        (dict(model_config={"context_gate": "false"}), r"model_config.context_gate' = 'false' \(str\): expected bool"),
+        (dict(model_config={"soft_prompt_tokens": 2.5}), r"model_config.soft_prompt_tokens' = 2.5 .*expected int"),
+        (dict(model_config={"context_size": 4.5}), r"model_config.context_size: context_size is a TrainConfig field"),
+        (dict(model_config={"context_gates": True}), r"unknown ContextualTransformer option 'context_gates'.*context_gate"),
+        (dict(context_size=4.5), r"'context_size' = 4.5 \(float\): expected int"),
+        (dict(model="biencoder", model_config={"context_gate": True}), r"model_config .* only applies to model: contextual"),
+    ],
+)
+def test_zero_none_and_out_of_range_fields_are_errors_that_name_the_field(values, expected):
+    from cde_st.training import TrainConfigError
+
+    with pytest.raises(TrainConfigError, match=expected):
+        TrainConfig(**values)
+
+
+def test_preset_model_config_is_dropped_for_a_biencoder_and_kept_for_a_contextual_model():
+    assert TrainConfig.from_preset("mini", model="biencoder").model_config == {}
+    assert TrainConfig.from_preset("mini").model_config["context_gate"] is True
+    assert TrainConfig(model_config={"context_gate": False, "sequence_dropout": 0}).model_config == {
+        "context_gate": False,
+        "sequence_dropout": 0.0,
+    }
+
+
+def test_an_empty_set_value_is_the_empty_string_not_the_default(cli_config):
+    from cde_st.training import resolved_prompts
+
+    cfg = cli_config(["--preset", "tiny", "--set", "document_prompt=", "query_prompt=search_query: "])
+    assert (cfg.document_prompt, resolved_prompts(cfg)) == ("", {"query": "search_query: ", "document": ""})
+
+
+def test_default_output_dirs_of_presets_model_kinds_and_seeds_differ(cli_config):
+    # README lines without --output-dir must not write into one folder.
+    argvs = [
+        ["--preset", "mini"],
+        ["--preset", "mini", "--set", "model=biencoder", "batching=random"],
+        ["--preset", "mini", "--set", "seed=1"],
+        ["--preset", "tiny"],
+        ["--preset", "paper"],
+        ["--set", "model=biencoder"],
+        [],
+    ]
+    dirs = [cli_config(argv).output_dir for argv in argvs]
+    assert len(set(dirs)) == len(dirs), dirs
+    assert dirs[1] == "runs/mini-biencoder-s42"
+    assert cli_config(["--preset", "mini", "--output-dir", "x"]).output_dir == "x"
+
+
+@pytest.mark.parametrize("kind", ["folder", "not utf-8"])
+def test_a_config_that_is_a_folder_or_not_utf8_is_a_one_line_error(tmp_path, capsys, kind):
+    path = tmp_path / "cfg.yaml"
+    if kind == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes(b"seed: 1\nquery_prompt: caf\xe9\n")  # Latin-1
+    with pytest.raises(SystemExit) as exc:
+        train_main(["--config", str(path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and str(path) in err, err
+    assert ("is a folder" in err) if kind == "folder" else ("line 2: not UTF-8" in err)
