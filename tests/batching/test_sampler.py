@@ -1,4 +1,5 @@
-"""ClusteredBatchSampler and the contextual-batching functions (DESIGN.md sections 1.4 and 2, "Sampler")."""
+"""ClusteredBatchSampler: options, epochs, domains, several processes, SentenceTransformerTrainer, real pairs
+(DESIGN.md sections 1.4 and 2, "Sampler"). The steps it wires together have their own test files beside this one."""
 
 from __future__ import annotations
 
@@ -9,178 +10,62 @@ import socket
 import subprocess
 import sys
 import textwrap
+import warnings
 from collections import Counter
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
+from batching_helpers import make_sampler, pair_dataset, rows_of, structured_embeddings
 from datasets import Dataset, DatasetDict
 
-from cde_st.batching import (
-    ClusteredBatchSampler,
-    StaticSurrogate,
-    cluster_pairs,
-    distill_static_surrogate,
-    embed_pairs,
-    in_batch_negative_similarity,
-    load_static_surrogate,
-    order_clusters,
-    pack_clusters,
-)
+from cde_st.batching import ClusteredBatchSampler, cluster_pairs, embed_pairs, in_batch_negative_similarity
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
-# ---- helpers --------------------------------------------------------------------------------------------------
+# ---- options and public names ----------------------------------------------------------------------------------------
 
 
-def structured_embeddings(n: int, dim: int = 16, topics: int = 12, noise: float = 0.3, seed: int = 0):
-    """Pairs drawn around ``topics`` random directions: (q, d, topic of each pair)."""
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(topics, dim))
-    topic = rng.integers(topics, size=n)
-    q = centres[topic] + noise * rng.normal(size=(n, dim))
-    d = centres[topic] + noise * rng.normal(size=(n, dim))
-    return q.astype(np.float32), d.astype(np.float32), topic
-
-
-def pair_dataset(n: int, **extra_columns) -> Dataset:
-    data = {"query": [f"query {i}" for i in range(n)], "document": [f"document {i}" for i in range(n)]}
-    data.update(extra_columns)
-    return Dataset.from_dict(data)
-
-
-def make_sampler(dataset, batch_size=16, drop_last=False, seed=0, embeddings=None, tmp_path=None, **kwargs):
-    if embeddings is None:
-        q, d, _ = structured_embeddings(len(dataset))
-        embeddings = (q, d)
-    kwargs.setdefault("show_progress_bar", False)
-    if tmp_path is not None:
-        kwargs.setdefault("cache_dir", tmp_path / "clusters")
-    else:
-        kwargs.setdefault("cache", False)
-    return ClusteredBatchSampler(dataset, batch_size, drop_last, seed=seed, embeddings=embeddings, **kwargs)
-
-
-def rows_of(batches) -> list[int]:
-    return sorted(i for batch in batches for i in batch)
-
-
-# ---- plain functions ------------------------------------------------------------------------------------------
-
-
-def test_public_names_importable_from_their_old_homes():
-    """cde_st/sampler.py was split into cde_st/batching/; old imports (and pickled checkpoint options) still work."""
+def test_public_names_importable_from_cde_st_batching():
+    """The batching code has one home, cde_st.batching (the cde_st.sampler shim that re-exported it is retired);
+    the sampler is also exported from cde_st and pickles by its module's path (the trainer pickles its options
+    into every checkpoint)."""
+    import importlib.util
     import pickle
 
     import cde_st
     import cde_st.batching as batching
-    import cde_st.sampler as compat
 
     assert cde_st.ClusteredBatchSampler is batching.ClusteredBatchSampler
-    assert len(compat.__all__) == 10
-    for name in compat.__all__:
-        assert getattr(compat, name) is getattr(batching, name), name
-    # A checkpoint written before the split pickled the class by its old path.
-    old = pickle.dumps(compat.ClusteredBatchSampler, protocol=0)  # text opcodes: the path can be edited
-    assert pickle.loads(old.replace(b"cde_st.batching.sampler", b"cde_st.sampler")) is batching.ClusteredBatchSampler
+    served_by_the_shim = [
+        "ClusterOrder", "ClusteredBatchSampler", "PairClustering", "cluster_pairs", "default_cache_dir",
+        "embed_pairs", "in_batch_negative_similarity", "num_clusters_for", "order_clusters", "pack_clusters",
+    ]  # fmt: skip
+    assert set(served_by_the_shim) <= set(batching.__all__)
+    for name in batching.__all__:
+        assert getattr(batching, name) is not None, name
+    assert importlib.util.find_spec("cde_st.sampler") is None
+    pickled = pickle.dumps(batching.ClusteredBatchSampler, protocol=0)
+    assert b"cde_st.batching.sampler" in pickled and pickle.loads(pickled) is batching.ClusteredBatchSampler
 
 
-def test_cluster_pairs_recovers_topics_and_is_deterministic():
-    q, d, topic = structured_embeddings(1200, topics=12, noise=0.2)
-    # k = 24 > 12 topics: k-means may split a topic but should not merge two.
-    clustering = cluster_pairs(q, d, cluster_size=50, seed=3)
-    assert clustering.num_clusters == 24
-    assert clustering.labels.shape == (1200,)
-    np.testing.assert_allclose(np.linalg.norm(clustering.centroids, axis=1), 1.0, atol=1e-4)
-    # Purity: each cluster is dominated by one topic.
-    purity = sum(Counter(topic[clustering.labels == c]).most_common(1)[0][1] for c in set(clustering.labels))
-    assert purity / len(topic) > 0.95
-    again = cluster_pairs(q, d, cluster_size=50, seed=3)
-    np.testing.assert_array_equal(clustering.labels, again.labels)
-    np.testing.assert_array_equal(clustering.centroids, again.centroids)
-
-
-def test_cluster_pairs_uses_both_orientations():
-    # A pair's [q;d] point and its [d;q] point are both training points: with q/d from disjoint topic sets,
-    # the k-means centroids must cover the flipped points too (else half of the centroid would be q-like only).
-    q, d, _ = structured_embeddings(400, topics=4, noise=0.1, seed=1)
-    clustering = cluster_pairs(q, d, cluster_size=200, seed=0)
-    qn = q / np.linalg.norm(q, axis=1, keepdims=True)
-    dn = d / np.linalg.norm(d, axis=1, keepdims=True)
-    qd = np.concatenate([qn, dn], axis=1) / np.sqrt(2)
-    dq = np.concatenate([dn, qn], axis=1) / np.sqrt(2)
-    # Assignment is by [q;d]: it matches the nearest centroid of the [q;d] point.
-    np.testing.assert_array_equal(clustering.labels, np.argmax(qd @ clustering.centroids.T, axis=1))
-    assert (dq @ clustering.centroids.T).max(axis=1).mean() > 0.5
-
-
-def test_cluster_pairs_within_domains():
-    q, d, _ = structured_embeddings(600, topics=6)
-    domains = ["a" if i % 3 else "b" for i in range(600)]
-    clustering = cluster_pairs(q, d, cluster_size=50, domains=domains)
-    assert clustering.domain_names == ["b", "a"]
-    codes = np.array([clustering.domain_names.index(x) for x in domains])
-    np.testing.assert_array_equal(clustering.cluster_domains[clustering.labels], codes)
-    assert clustering.num_clusters == round(400 / 50) + round(200 / 50)
-
-
-def test_order_clusters_greedy_tour_beats_random():
-    rng = np.random.default_rng(0)
-    centroids = rng.normal(size=(200, 8)).astype(np.float32)
-    centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
-
-    def tour_similarity(tour):
-        return float(np.mean(np.sum(centroids[tour[:-1]] * centroids[tour[1:]], axis=1)))
-
-    greedy = order_clusters(centroids, "greedy", seed=0)
-    random = order_clusters(centroids, "random", seed=0)
-    assert sorted(greedy.tolist()) == list(range(200)) == sorted(random.tolist())
-    assert tour_similarity(greedy) > tour_similarity(random) + 0.3
-    np.testing.assert_array_equal(greedy, order_clusters(centroids, "greedy", seed=0))
-    with pytest.raises(ValueError, match="order"):
-        order_clusters(centroids, "tsp")
-
-
-def test_pack_clusters_exact_batches_and_every_row_once():
-    rng = np.random.default_rng(0)
-    # Cluster sizes from 1 to 90 around a batch size of 16: big ones must be split, small ones merged.
-    sizes = rng.integers(1, 90, size=30)
-    labels = rng.permutation(np.repeat(np.arange(30), sizes))
-    centroids = rng.normal(size=(31, 4)).astype(np.float32)  # cluster 30 is empty
-    domains = np.arange(31) % 2
-    batches = pack_clusters(labels, centroids, 16, cluster_domains=domains, order="greedy", seed=1)
-    assert rows_of(batches) == list(range(len(labels)))
-    short = [b for b in batches if len(b) != 16]
-    assert len(short) <= 2 and all(0 < len(b) < 16 for b in short)
-    for batch in batches:
-        assert len(set(domains[labels[batch]])) == 1
-    # A batch holds rows of few clusters: contiguous stretches of the cluster tour, not a random mix.
-    clusters_per_batch = np.mean([len(set(labels[b])) for b in batches])
-    assert clusters_per_batch < 3
-    assert [b.tolist() for b in batches] == [
-        b.tolist() for b in pack_clusters(labels, centroids, 16, cluster_domains=domains, seed=1)
-    ]
-
-
-def test_in_batch_negative_similarity():
-    q = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
-    d = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
-    # Batch (0, 2): both off-diagonal sims are 1; batch (1,): ignored.
-    assert in_batch_negative_similarity([[0, 2], [1]], q, d) == pytest.approx(1.0)
-    # Batch (0, 1, 2): off-diagonal sims q0.d1=0, q0.d2=1, q1.d0=0, q1.d2=0, q2.d0=1, q2.d1=0 -> 2/6.
-    assert in_batch_negative_similarity([[0, 1, 2]], q, d) == pytest.approx(1 / 3)
-    with pytest.raises(ValueError):
-        in_batch_negative_similarity([[0], [1]], q, d)
-
-
-def test_embed_pairs_normalised_and_restores_max_length(tiny_st_model):
-    before = tiny_st_model.max_seq_length
-    q, d = embed_pairs(tiny_st_model, ["a query", "another"], ["a doc", "a second doc"], max_seq_length=8)
-    assert q.shape == d.shape == (2, 32) and q.dtype == np.float32
-    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-5)
-    assert tiny_st_model.max_seq_length == before
+def test_surrogate_argument_and_its_deprecated_old_name_model(tiny_st_model, tmp_path):
+    """`surrogate=` is the model that embeds the pairs for the clustering; the old `model=` (which read as the
+    model being trained) still works, with a DeprecationWarning naming the new argument."""
+    ds = pair_dataset(40)
+    kwargs = dict(cache_dir=tmp_path, show_progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        new = ClusteredBatchSampler(ds, 8, False, surrogate=tiny_st_model, **kwargs)
+    assert new.surrogate is tiny_st_model
+    with pytest.warns(DeprecationWarning, match=r"model=.*deprecated.*use surrogate="):
+        old = ClusteredBatchSampler(ds, 8, False, model=tiny_st_model, **kwargs)
+    assert old.surrogate is tiny_st_model
+    assert old.cache_path == new.cache_path and list(old) == list(new)  # the same clustering (from the cache)
+    with pytest.raises(ValueError, match="once"):
+        ClusteredBatchSampler(ds, 8, False, surrogate=tiny_st_model, model=tiny_st_model, **kwargs)
 
 
 # ---- the sampler ----------------------------------------------------------------------------------------------
@@ -272,48 +157,12 @@ def test_domains_from_list_domain_dataset_or_column():
 def test_text_columns_detected_and_configurable(tiny_st_model, tmp_path):
     texts = [f"text {i}" for i in range(40)]
     ds = Dataset.from_dict({"score": [0.5] * 40, "anchor": texts, "positive": texts, "negative": texts})
-    kwargs = dict(model=tiny_st_model, cache_dir=tmp_path, show_progress_bar=False)
+    kwargs = dict(surrogate=tiny_st_model, cache_dir=tmp_path, show_progress_bar=False)
     detected = ClusteredBatchSampler(ds, 8, False, **kwargs)  # label columns are skipped
     assert (detected.query_column, detected.document_column) == ("anchor", "positive")
     explicit = ClusteredBatchSampler(ds, 8, False, query_column="anchor", document_column="negative", **kwargs)
     assert (explicit.query_column, explicit.document_column) == ("anchor", "negative")
     assert rows_of(explicit) == list(range(40))
-
-
-def test_clustering_is_cached_on_disk(tiny_st_model, tmp_path, monkeypatch):
-    ds = pair_dataset(64)
-    first = ClusteredBatchSampler(ds, 8, False, model=tiny_st_model, cache_dir=tmp_path, show_progress_bar=False)
-    assert first.cache_path.exists() and first.cache_path.parent == tmp_path
-
-    import cde_st.batching.sampler as sampler_module
-
-    def fail(*args, **kwargs):
-        raise AssertionError("recomputed although cached")
-
-    monkeypatch.setattr(sampler_module, "cluster_pairs", fail)
-    monkeypatch.setattr(sampler_module, "embed_pairs", fail)
-    second = ClusteredBatchSampler(ds, 8, False, model=tiny_st_model, cache_dir=tmp_path, show_progress_bar=False)
-    assert second.cache_path == first.cache_path
-    assert list(second) == list(first)
-    # Any change of data or parameters is a different key (and so recomputes).
-    for other in (
-        dict(dataset=pair_dataset(63)),
-        dict(cluster_size=4),
-        dict(seed=1),
-        dict(domains=["a", "b"] * 32),
-    ):
-        kwargs = dict(dataset=ds, batch_size=8, drop_last=False, model=tiny_st_model, cache_dir=tmp_path)
-        kwargs.update(other)
-        with pytest.raises(AssertionError, match="recomputed"):
-            ClusteredBatchSampler(show_progress_bar=False, **kwargs)
-
-
-def test_cache_dir_env_var(tmp_path, monkeypatch):
-    monkeypatch.setenv("CDE_ST_CACHE", str(tmp_path))
-    sampler = ClusteredBatchSampler(
-        pair_dataset(50), 8, False, embeddings=structured_embeddings(50)[:2], show_progress_bar=False
-    )
-    assert sampler.cache_path.parent == tmp_path / "clusters" and sampler.cache_path.exists()
 
 
 @pytest.mark.parametrize(
@@ -376,116 +225,6 @@ def test_default_cluster_size_is_batch_size_clamped_to_rows():
     assert small.cluster_size == 10 and rows_of(small) == list(range(10))
 
 
-# ---- the static (fast) surrogate -----------------------------------------------------------------------------
-
-TOPICS = {
-    "space": "rocket orbit planet launch satellite moon",
-    "food": "bread cheese recipe oven kitchen flour",
-    "music": "guitar song concert band melody drums",
-    "law": "court judge lawyer trial verdict appeal",
-}
-
-
-def topic_dataset(n: int, seed: int = 0) -> tuple[Dataset, np.ndarray]:
-    """Pairs whose query and document share a topic's words; (dataset, topic of each pair)."""
-    rng = np.random.default_rng(seed)
-    names = sorted(TOPICS)
-    topic = rng.integers(len(names), size=n)
-    words = {name: TOPICS[name].split() for name in names}
-    queries = [" ".join(rng.choice(words[names[t]], 3)) + f" question {i}" for i, t in enumerate(topic)]
-    documents = [" ".join(rng.choice(words[names[t]], 8)) + f" answer {i}" for i, t in enumerate(topic)]
-    return Dataset.from_dict({"query": queries, "document": documents}), topic
-
-
-@pytest.fixture(scope="module")
-def static_root(tmp_path_factory, tiny_bert_dir):
-    """A $CDE_ST_CACHE holding the static surrogate distilled (once, seconds) from the tiny BERT."""
-    pytest.importorskip("model2vec", reason="model2vec is not installed (pip install 'cde_st[fast-surrogate]')")
-    root = tmp_path_factory.mktemp("cde_st_cache")
-    distill_static_surrogate(tiny_bert_dir, cache_dir=root / "surrogates")
-    return root
-
-
-def test_static_surrogate_sampler_gives_a_valid_clustering(static_root, tiny_bert_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("CDE_ST_CACHE", str(static_root))
-    ds, _ = topic_dataset(96)
-    domains = ["a", "b"] * 48
-    kwargs = dict(
-        model=tiny_bert_dir, surrogate_kind="static", static_fit_pairs=32, static_dims=8, cluster_size=8,
-        domains=domains, cache_dir=tmp_path, show_progress_bar=False,
-    )  # fmt: skip
-    sampler = ClusteredBatchSampler(ds, 8, False, **kwargs)
-    batches = list(sampler)
-    assert rows_of(batches) == list(range(96))
-    assert all(len(b) == 8 for b in batches)
-    assert all(len({domains[i] for i in b}) == 1 for b in batches)
-    assert sampler.clustering.num_clusters == 12
-    assert sampler.clustering.centroids.shape == (12, 2 * 8)  # k-means ran on the static_dims embeddings
-    assert sampler.timings["embed_s"] > 0 and sampler.cache_path.exists()
-
-    import cde_st.batching.sampler as sampler_module
-
-    def fail(*args, **kwargs):
-        raise AssertionError("recomputed although cached")
-
-    monkeypatch.setattr(sampler_module, "fit_static_surrogate", fail)
-    monkeypatch.setattr(sampler_module, "cluster_pairs", fail)
-    again = ClusteredBatchSampler(ds, 8, False, **kwargs)
-    assert again.cache_path == sampler.cache_path and list(again) == batches
-    # The static settings are part of the clustering's key; the transformer surrogate's key is another.
-    for other in (dict(static_dims=4), dict(static_fit_pairs=16), dict(surrogate_kind="transformer")):
-        with pytest.raises(AssertionError, match="recomputed"):
-            ClusteredBatchSampler(ds, 8, False, **{**kwargs, **other})
-
-
-def test_static_surrogate_is_deterministic_and_harder_than_random(static_root, tiny_bert_dir, monkeypatch):
-    monkeypatch.setenv("CDE_ST_CACHE", str(static_root))
-    ds, topic = topic_dataset(128, seed=1)
-    kwargs = dict(
-        model=tiny_bert_dir, surrogate_kind="static", static_fit_pairs=64, static_dims=8, cluster_size=16,
-        cache=False, show_progress_bar=False,
-    )  # fmt: skip
-    first = ClusteredBatchSampler(ds, 16, False, **kwargs)
-    second = ClusteredBatchSampler(ds, 16, False, **kwargs)
-    assert list(first) == list(second)
-    # The topic words dominate the (random) tiny encoder's token table: batches share topics more than random.
-    same_topic = np.mean([np.mean(topic[b] == np.bincount(topic[b]).argmax()) for b in first])
-    assert same_topic > 0.5  # random batches of 16 over 4 topics: about 0.4
-
-
-def test_distilled_surrogate_is_cached_and_reused(static_root, tiny_bert_dir, monkeypatch):
-    import model2vec.distill
-
-    from cde_st.batching.cache import _model_fingerprint
-
-    cache_dir = static_root / "surrogates"
-    folders = [p for p in cache_dir.iterdir() if p.is_dir()]
-    assert len(folders) == 1 and folders[0].name.startswith(f"static-{_model_fingerprint(tiny_bert_dir)[:24]}-")
-
-    def fail(*args, **kwargs):
-        raise AssertionError("distilled again")
-
-    monkeypatch.setattr(model2vec.distill, "distill", fail)
-    assert distill_static_surrogate(tiny_bert_dir, cache_dir=cache_dir) == folders[0]
-    surrogate = load_static_surrogate(tiny_bert_dir, cache_dir=cache_dir)
-    assert surrogate.encode(["a query"]).shape == (1, surrogate.dim)
-    # Another source model or dimension is another folder, distilled anew.
-    with pytest.raises(AssertionError, match="distilled again"):
-        distill_static_surrogate(tiny_bert_dir, dims=8, cache_dir=cache_dir)
-
-
-def test_static_surrogate_without_model2vec_says_what_to_install(tiny_bert_dir, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "model2vec", None)  # `import model2vec` now raises ImportError
-    message = r"model2vec.*pip install 'cde_st\[fast-surrogate\]'"
-    with pytest.raises(ImportError, match=message):
-        ClusteredBatchSampler(
-            pair_dataset(40), 8, False, model=tiny_bert_dir, surrogate_kind="static", cache_dir=tmp_path,
-            show_progress_bar=False,
-        )  # fmt: skip
-    with pytest.raises(ImportError, match=message):
-        distill_static_surrogate(tiny_bert_dir, cache_dir=tmp_path)
-
-
 def test_static_surrogate_bad_options_raise(tiny_bert_dir, tiny_st_model):
     kwargs = dict(cache=False, show_progress_bar=False)
     with pytest.raises(ValueError, match="surrogate_kind must be one of"):
@@ -495,47 +234,7 @@ def test_static_surrogate_bad_options_raise(tiny_bert_dir, tiny_st_model):
     with pytest.raises(ValueError, match="static_fit_pairs must be >= 0"):
         ClusteredBatchSampler(pair_dataset(40), 8, False, surrogate_kind="static", static_fit_pairs=-1, **kwargs)
     with pytest.raises(ValueError, match="not a loaded SentenceTransformer"):
-        ClusteredBatchSampler(pair_dataset(40), 8, False, model=tiny_st_model, surrogate_kind="static", **kwargs)
-
-
-def test_static_surrogate_encode_matches_model2vec(static_root):
-    from model2vec import StaticModel
-
-    (folder,) = [p for p in (static_root / "surrogates").iterdir() if p.is_dir()]
-    model = StaticModel.from_pretrained(str(folder))
-    surrogate = StaticSurrogate.from_model2vec(model)
-    texts = ["a short query", "a longer document about rockets and orbits " * 20, "", "\u2603 snow"]
-    ours = surrogate.encode(texts)
-    reference = np.asarray(model.encode(texts, max_length=None), dtype=np.float32)
-    reference /= np.maximum(np.linalg.norm(reference, axis=1, keepdims=True), 1e-12)
-    np.testing.assert_allclose(ours, reference, atol=2e-3)  # model2vec pools in float16
-    assert not ours[2].any()  # no tokens: zeros (k-means normalises them away)
-    flat, lengths = surrogate.tokenize(texts, max_seq_length=5)
-    assert lengths.tolist() == [3, 5, 0, 1]  # the unknown snowman is dropped, as model2vec does
-    assert len(flat) == lengths.sum()
-
-
-def test_fit_to_moves_toward_the_teacher_and_reduces_dims(static_root, tiny_bert_dir, tiny_st_model):
-    surrogate = load_static_surrogate(tiny_bert_dir, cache_dir=static_root / "surrogates")
-    ds, _ = topic_dataset(256, seed=2)
-    texts = list(ds["query"]) + list(ds["document"])
-    targets = tiny_st_model.encode(texts, normalize_embeddings=True)
-
-    def distance(fitted):  # mean cosine distance to the teacher
-        return float(np.mean(1.0 - np.sum(fitted.encode(texts) * targets, axis=1)))
-
-    ridge_only = surrogate.fit_to(texts, targets, epochs=0)
-    trained = surrogate.fit_to(texts, targets, epochs=20, lr=1e-2)
-    assert ridge_only.dim == trained.dim == targets.shape[1]
-    # (The random tiny teacher's embeddings are all alike, so distances are small; training still halves them.)
-    assert distance(trained) < 0.5 * distance(ridge_only)
-    reduced = surrogate.fit_to(texts, targets, dims=4, epochs=2)
-    embeddings = reduced.encode(texts)
-    assert embeddings.shape == (len(texts), 4)
-    np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
-    np.testing.assert_array_equal(embeddings, surrogate.fit_to(texts, targets, dims=4, epochs=2).encode(texts))
-    pca_only = surrogate.fit_to(texts, None, dims=4)
-    assert pca_only.encode(texts[:3]).shape == (3, 4)
+        ClusteredBatchSampler(pair_dataset(40), 8, False, surrogate=tiny_st_model, surrogate_kind="static", **kwargs)
 
 
 # ---- distributed ----------------------------------------------------------------------------------------------
@@ -639,17 +338,6 @@ def test_two_process_gloo_run_broadcasts_clustering_and_shards(tmp_path):
 # ---- with SentenceTransformerTrainer --------------------------------------------------------------------------
 
 
-@pytest.fixture
-def tiny_st_model(tiny_bert_dir):
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    torch.manual_seed(0)
-    transformer = Transformer(tiny_bert_dir, max_seq_length=32)
-    return SentenceTransformer(modules=[transformer, Pooling(32, "mean")], device="cpu")
-
-
 def _trainer(model, train_dataset, tmp_path, batch_sampler, **args):
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
@@ -687,7 +375,7 @@ def test_trains_with_sentence_transformer_trainer(tiny_st_model, tmp_path):
     full = pair_dataset(n, domain=["a" if i % 2 else "b" for i in range(n)])
     train = full.remove_columns("domain")
     sampler_fn = partial(
-        ClusteredBatchSampler, model=tiny_st_model, domain_dataset=full, cache_dir=tmp_path, show_progress_bar=False
+        ClusteredBatchSampler, surrogate=tiny_st_model, domain_dataset=full, cache_dir=tmp_path, show_progress_bar=False
     )
     trainer = _trainer(tiny_st_model, train, tmp_path, sampler_fn)
     loader = trainer.get_train_dataloader()
@@ -712,7 +400,7 @@ def test_trains_with_a_dataset_dict(tiny_st_model, tmp_path):
             "large": Dataset.from_dict({"q": [f"l q {i}" for i in range(44)], "d": [f"l d {i}" for i in range(44)]}),
         }
     )
-    sampler_fn = partial(ClusteredBatchSampler, model=tiny_st_model, cache_dir=tmp_path, show_progress_bar=False)
+    sampler_fn = partial(ClusteredBatchSampler, surrogate=tiny_st_model, cache_dir=tmp_path, show_progress_bar=False)
     trainer = _trainer(tiny_st_model, splits, tmp_path, sampler_fn)
     multi = trainer.get_train_dataloader().batch_sampler
     assert isinstance(multi, ProportionalBatchSampler)

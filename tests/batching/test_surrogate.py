@@ -1,0 +1,67 @@
+"""Surrogate embeddings of the pairs (embed_pairs) and the static surrogate's distillation, cache and fit."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from batching_helpers import pair_dataset, topic_dataset
+
+from cde_st.batching import ClusteredBatchSampler, distill_static_surrogate, embed_pairs, load_static_surrogate
+
+
+def test_embed_pairs_normalised_and_restores_max_length(tiny_st_model):
+    before = tiny_st_model.max_seq_length
+    q, d = embed_pairs(tiny_st_model, ["a query", "another"], ["a doc", "a second doc"], max_seq_length=8)
+    assert q.shape == d.shape == (2, 32) and q.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-5)
+    assert tiny_st_model.max_seq_length == before
+
+
+def test_static_surrogate_is_deterministic_and_harder_than_random(static_root, topic_bert_dir, monkeypatch):
+    monkeypatch.setenv("CDE_ST_CACHE", str(static_root))
+    ds, topic = topic_dataset(128, seed=1)
+    kwargs = dict(
+        surrogate=topic_bert_dir, surrogate_kind="static", static_fit_pairs=64, static_dims=8, cluster_size=16,
+        cache=False, show_progress_bar=False,
+    )  # fmt: skip
+    first = ClusteredBatchSampler(ds, 16, False, **kwargs)
+    second = ClusteredBatchSampler(ds, 16, False, **kwargs)
+    assert list(first) == list(second)
+    # The topic words dominate the (random) tiny encoder's token table: batches share topics more than random.
+    same_topic = np.mean([np.mean(topic[b] == np.bincount(topic[b]).argmax()) for b in first])
+    assert same_topic > 0.5  # random batches of 16 over 4 topics: about 0.4
+
+
+def test_distilled_surrogate_is_cached_and_reused(static_root, topic_bert_dir, monkeypatch):
+    import model2vec.distill
+
+    from cde_st.batching.cache import _model_fingerprint
+
+    cache_dir = static_root / "surrogates"
+    folders = [p for p in cache_dir.iterdir() if p.is_dir()]
+    assert len(folders) == 1 and folders[0].name.startswith(f"static-{_model_fingerprint(topic_bert_dir)[:24]}-")
+
+    def fail(*args, **kwargs):
+        raise AssertionError("distilled again")
+
+    monkeypatch.setattr(model2vec.distill, "distill", fail)
+    assert distill_static_surrogate(topic_bert_dir, cache_dir=cache_dir) == folders[0]
+    surrogate = load_static_surrogate(topic_bert_dir, cache_dir=cache_dir)
+    assert surrogate.encode(["a query"]).shape == (1, surrogate.dim)
+    # Another source model or dimension is another folder, distilled anew.
+    with pytest.raises(AssertionError, match="distilled again"):
+        distill_static_surrogate(topic_bert_dir, dims=8, cache_dir=cache_dir)
+
+
+def test_static_surrogate_without_model2vec_says_what_to_install(tiny_bert_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "model2vec", None)  # `import model2vec` now raises ImportError
+    message = r"model2vec.*pip install 'cde_st\[fast-surrogate\]'"
+    with pytest.raises(ImportError, match=message):
+        ClusteredBatchSampler(
+            pair_dataset(40), 8, False, surrogate=tiny_bert_dir, surrogate_kind="static", cache_dir=tmp_path,
+            show_progress_bar=False,
+        )  # fmt: skip
+    with pytest.raises(ImportError, match=message):
+        distill_static_surrogate(tiny_bert_dir, cache_dir=tmp_path)
