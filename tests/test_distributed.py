@@ -1,6 +1,6 @@
 """Data-parallel training on 2 CPU processes (gloo): the contextual loss under DistributedDataParallel gives every
 parameter of both stages the gradient of a single process computing the same per-rank batches, and the drop-in
-script really trains data-parallel under torchrun."""
+script really trains data-parallel under torchrun (cde_st/distributed.py). Both tests spawn processes: slow."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from sentence_transformers.models import Pooling, Transformer
 from torch.nn.parallel import DistributedDataParallel
 
 from cde_st import ContextualSentenceTransformer
-from cde_st.losses import FilteredInfoNCELoss
+from cde_st.losses import FilteredInfoNCELoss, false_negative_mask
+from cde_st.prompts import DOCUMENT_PROMPT, QUERY_PROMPT
 
 WORLD = 2
 QUERIES = [
@@ -77,8 +78,8 @@ def _loss(model, guide, mode: str) -> FilteredInfoNCELoss:
 def _columns(model, rank: int):
     rows = RANK_ROWS[rank]
     return [
-        model.preprocess([QUERIES[i] for i in rows], prompt="search_query: "),
-        model.preprocess([DOCS[i] for i in rows], prompt="search_document: "),
+        model.preprocess([QUERIES[i] for i in rows], prompt=QUERY_PROMPT),
+        model.preprocess([DOCS[i] for i in rows], prompt=DOCUMENT_PROMPT),
     ]
 
 
@@ -138,8 +139,6 @@ def _reference(tiny_bert_dir: str, mode: str) -> dict[str, torch.Tensor]:
 
 def _row_loss(loss: FilteredInfoNCELoss, queries, documents, guide_reps, i: int) -> torch.Tensor:
     """calculate_loss restricted to row i of the gathered batch (its sum over rows is the unweighted loss)."""
-    from cde_st.losses.filtered_infonce import false_negative_mask
-
     n = queries.shape[0]
     cos = torch.nn.functional.cosine_similarity
     scale = loss.scale
@@ -162,6 +161,7 @@ def _row_loss(loss: FilteredInfoNCELoss, queries, documents, guide_reps, i: int)
     return torch.logsumexp(torch.cat(blocks, dim=1), dim=1)[0] - positive
 
 
+@pytest.mark.slow  # two processes
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_ddp_gradients_equal_a_single_process(tiny_bert_dir, tmp_path, mode):
     """After one step on 2 gloo processes, every parameter of both stages has the gradient of the mean of the
@@ -187,6 +187,7 @@ def test_ddp_gradients_equal_a_single_process(tiny_bert_dir, tmp_path, mode):
         assert torch.equal(weight, ranks[1]["weights"][name]), f"{name} differs across ranks after the step"
 
 
+@pytest.mark.slow  # two torchrun processes training the tiny preset
 def test_torchrun_trains_data_parallel(tmp_path):
     """`torchrun --nproc_per_node 2 train/train_cde.py --preset tiny`: both processes share the data (half the steps
     of one process over the same pairs), only rank 0 writes the output folder."""

@@ -10,6 +10,7 @@ import pytest
 
 from cde_st import ContextualSentenceTransformer
 from cde_st.model_card import SECTION_BEGIN, SECTION_END
+from cde_st.prompts import DOCUMENT_PROMPT
 
 CORPUS = [f"document {i} about {topic}" for i, topic in enumerate(["cats", "rain", "planets", "tea"] * 3)]
 
@@ -52,7 +53,7 @@ def test_model_card_snippet_runs_as_written(make_tiny_cde, tmp_path, with_contex
             info.fingerprint,
             "seed 3",
             f"corpus of {len(CORPUS)} texts",
-            "'search_document: '",
+            repr(DOCUMENT_PROMPT),
             "4 documents",
         ):
             assert fact in section, fact

@@ -1,10 +1,12 @@
-"""FilteredInfoNCELoss: filtering, two-stage gradient caching, Matryoshka, trainer integration, guide isolation."""
+"""FilteredInfoNCELoss (cde_st/losses/filtered_infonce.py, gradient_cache.py): filtering, two-stage gradient caching,
+Matryoshka, trainer integration, guide isolation."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import random
+import textwrap
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling, Transfor
 
 from cde_st import contextual_module
 from cde_st.losses import FilteredInfoNCELoss, batch_context, false_negative_mask
-from cde_st.losses.filtered_infonce import _decode_texts
+from cde_st.prompts import DOCUMENT_PROMPT, QUERY_PROMPT
 
 QUERIES = [
     "how do glaciers move",
@@ -56,8 +58,9 @@ DUPLICATE_QUERY = "who was the painter of the mona lisa"
 
 
 # Gradient comparisons are relative to each parameter's largest gradient entry. float32 sums over thousands of
-# tokens in a different order per chunking (~1e-5 relative); float64 shows the computations are the same.
-F32_TOL, F64_TOL = 1e-5, 1e-9
+# tokens in a different order per chunking (~1e-5 relative; up to 1.5e-5 for the token-type embedding of the tiny
+# encoder's character-level rows, which sums over every token); float64 shows the computations are the same.
+F32_TOL, F64_TOL = 2e-5, 1e-9
 
 
 # ---------------------------------------------------------------- helpers
@@ -75,7 +78,7 @@ def _columns(model, n=12, negatives=False, duplicate=False, prompts=True):
     queries, docs = list(QUERIES[:n]), list(DOCS[:n])
     if duplicate:
         queries[DUPLICATE], docs[DUPLICATE] = DUPLICATE_QUERY, docs[2]
-    q_prompt, d_prompt = ("search_query: ", "search_document: ") if prompts else (None, None)
+    q_prompt, d_prompt = (QUERY_PROMPT, DOCUMENT_PROMPT) if prompts else (None, None)
     columns = [model.preprocess(queries, prompt=q_prompt), model.preprocess(docs, prompt=d_prompt)]
     if negatives:
         columns.append(model.preprocess(HARD_NEGATIVES[:n], prompt=d_prompt))
@@ -181,27 +184,6 @@ def minilm_guide(minilm):
 
 
 # ---------------------------------------------------------------- the filtering rule
-def test_false_negative_mask_hand_built():
-    # guide embeddings: queries 0,1,2; docs 0,1,2 where doc 2 duplicates doc 0 and doc 1 is a near-miss of q0
-    gq = F.normalize(torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.1]]), dim=-1)
-    gd = F.normalize(torch.tensor([[1.0, 0.0, 0.0], [0.9, 0.3, 0.0], [1.0, 0.0, 0.0]]), dim=-1)
-    own = torch.arange(3)
-    expected = torch.tensor([[False, False, True], [False, False, False], [True, False, False]])
-    assert torch.equal(false_negative_mask(gq, gd, positive_index=own), expected)
-    # a margin widens the rule: cos(q0, d1) = 0.949 >= 1 - 0.1 and cos(q2, d1) = 0.944 >= 0.995 - 0.1
-    expected_margin = expected.clone()
-    expected_margin[0, 1] = expected_margin[2, 1] = True
-    assert torch.equal(false_negative_mask(gq, gd, margin=0.1, positive_index=own), expected_margin)
-    # a huge margin removes every candidate but never the positive
-    everything = false_negative_mask(gq, gd, margin=10.0, positive_index=own)
-    assert torch.equal(everything, ~torch.eye(3, dtype=torch.bool))
-    # explicit thresholds (same-side blocks): no positive column, nothing protected
-    same_side = false_negative_mask(gq, gq, positive_scores=torch.full((3,), 0.99))
-    assert torch.equal(same_side.diagonal(), torch.ones(3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="positive_index or positive_scores"):
-        false_negative_mask(gq, gd)
-
-
 def test_calculate_loss_masks_exactly_the_duplicate_logits(tiny_bert_dir):
     torch.manual_seed(0)
     batch, dim = 6, 8
@@ -258,51 +240,15 @@ def test_real_guide_removes_exactly_the_duplicate_positive(minilm_guide, tiny_be
         )
 
 
-def test_guide_reads_the_text_without_prompt(make_tiny_cde):
-    model = make_tiny_cde()
-    features = model.preprocess(["Rain forms in clouds.", "A short one"], prompt="search_document: ")
-    assert _decode_texts(features, model.tokenizer) == ["rain forms in clouds.", "a short one"]
-    assert _decode_texts(model.preprocess(["No prompt here"]), model.tokenizer) == ["no prompt here"]
-
-
 # ---------------------------------------------------------------- the batch context
-def test_batch_context_samples_truncates_and_trims(make_tiny_cde):
-    model = make_tiny_cde(context_size=4)
-    m = contextual_module(model)
-    docs = model.preprocess(DOCS, prompt="search_document: ")
-    small = batch_context(model.preprocess(DOCS[:3]), context_size=4)
-    assert small["input_ids"].shape[0] == 3  # fewer documents than slots: all of them, the model null-pads
-    a = batch_context(docs, context_size=4, seed=1)
-    b = batch_context(docs, context_size=4, seed=1)
-    c = batch_context(docs, context_size=4, seed=2)
-    assert a["input_ids"].shape[0] == 4 and torch.equal(a["input_ids"], b["input_ids"])
-    assert not torch.equal(a["input_ids"], c["input_ids"])
-    rows = {tuple(r[m_.bool()].tolist()) for r, m_ in zip(a["input_ids"], a["attention_mask"])}
-    every = {tuple(r[m_.bool()].tolist()) for r, m_ in zip(docs["input_ids"], docs["attention_mask"])}
-    assert len(rows) == 4 and rows <= every  # without replacement, real documents
-    cut = batch_context(docs, context_size=len(DOCS), max_length=8, end_token_id=m.tokenizer.sep_token_id)
-    assert cut["input_ids"].shape == (len(DOCS), 8)
-    # the cut rows end like the tokenizer's own truncation would end them
-    direct = m.tokenizer(["search_document: " + t for t in DOCS], padding=True, truncation=True, max_length=8)
-    assert cut["input_ids"].tolist() == direct["input_ids"]
-    assert cut["attention_mask"].tolist() == direct["attention_mask"]
-    # trailing columns that are padding for every kept row are dropped
-    features = model.preprocess(["a b", "a much much longer document here"])
-    widths = features["attention_mask"].sum(1).tolist()
-    padded = {k: F.pad(v, (0, 5)) for k, v in features.items() if k in ("input_ids", "attention_mask")}
-    assert batch_context(padded, context_size=2)["input_ids"].shape[1] == max(widths)
-    kept = [batch_context(padded, context_size=1, seed=s) for s in range(8)]
-    assert {k["input_ids"].shape[1] for k in kept} == set(widths)  # each single kept row at its own width
-
-
 def test_context_is_seeded_by_batch_content(make_tiny_cde):
     model = make_tiny_cde(context_size=4)
     loss = FilteredInfoNCELoss(model, guide=False)
     m = contextual_module(model)
-    docs = model.preprocess(DOCS, prompt="search_document: ")
+    docs = model.preprocess(DOCS, prompt=DOCUMENT_PROMPT)
     first = loss._context_features(m, docs)[0]
     again = loss._context_features(m, dict(docs))[0]
-    other = loss._context_features(m, model.preprocess(DOCS[::-1], prompt="search_document: "))[0]
+    other = loss._context_features(m, model.preprocess(DOCS[::-1], prompt=DOCUMENT_PROMPT))[0]
     assert torch.equal(first["input_ids"], again["input_ids"])
     assert first["input_ids"].shape[0] == 4
     assert not torch.equal(first["input_ids"], other["input_ids"])
@@ -413,7 +359,7 @@ def test_leave_one_out_follows_the_sampled_slots(make_tiny_cde):
     """12 documents in 5 slots: each slot is hidden from exactly the pair whose document it holds."""
     model = make_tiny_cde(context_size=5)
     loss = FilteredInfoNCELoss(model, guide=False, leave_one_out=True)
-    docs = model.preprocess(DOCS[:12], prompt="search_document: ")
+    docs = model.preprocess(DOCS[:12], prompt=DOCUMENT_PROMPT)
     context, mask = loss._context_features(model.contextual_module, dict(docs))
     assert mask.shape == (12, 5)
     width = context["input_ids"].shape[1]
@@ -523,7 +469,7 @@ def test_unprompted_document_column_warns_once(make_tiny_cde, caplog):
                 loss(_copies(_columns(model, n=4, prompts=False)), None)
         with torch.no_grad():  # a prefix written into the texts counts as the prompt
             FilteredInfoNCELoss(model, guide=False)(
-                [model.preprocess(QUERIES[:4]), model.preprocess(["search_document: " + d for d in DOCS[:4]])], None
+                [model.preprocess(QUERIES[:4]), model.preprocess([DOCUMENT_PROMPT + d for d in DOCS[:4]])], None
             )
     assert sum("carries no prompt" in r.message for r in caplog.records) == 1
 
@@ -597,7 +543,7 @@ def test_trainer_contextual_cached_guide_untouched(make_tiny_cde, minilm, tmp_pa
         use_cpu=True,
         dataloader_num_workers=0,
         seed=0,
-        prompts={"anchor": "search_query: ", "positive": "search_document: "},
+        prompts={"anchor": QUERY_PROMPT, "positive": DOCUMENT_PROMPT},
     )
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=_train_dataset(12), loss=loss)
     trainer.train()
@@ -630,8 +576,8 @@ def _train_steps(model, loss, batches, steps, lr):
     for step in range(steps):
         queries, docs = batches[step % len(batches)]
         columns = [
-            model.preprocess(queries, prompt="search_query: "),
-            model.preprocess(docs, prompt="search_document: "),
+            model.preprocess(queries, prompt=QUERY_PROMPT),
+            model.preprocess(docs, prompt=DOCUMENT_PROMPT),
         ]
         optimizer.zero_grad()
         loss(columns, None).backward()
@@ -642,8 +588,8 @@ def _eval_loss(model, loss, queries, docs):
     model.eval()
     with torch.no_grad():
         columns = [
-            model.preprocess(queries, prompt="search_query: "),
-            model.preprocess(docs, prompt="search_document: "),
+            model.preprocess(queries, prompt=QUERY_PROMPT),
+            model.preprocess(docs, prompt=DOCUMENT_PROMPT),
         ]
         return loss(columns, None).item()
 
@@ -678,7 +624,7 @@ def test_training_steps_reduce_held_out_loss_minilm(minilm, minilm_guide, shared
 def test_context_dropout_draws_partial_and_empty_contexts(make_tiny_cde):
     model = make_tiny_cde(context_size=16)
     model.train()
-    docs = model.preprocess(DOCS[:12], prompt="search_document: ")
+    docs = model.preprocess(DOCS[:12], prompt=DOCUMENT_PROMPT)
     loss = FilteredInfoNCELoss(model, guide=False, context_dropout=0.5)
     sizes = [loss._context_features(model.contextual_module, docs)[0]["input_ids"].shape[0] for _ in range(60)]
     assert sizes.count(12) > 10 and 0 in sizes and all(0 <= s <= 12 for s in sizes)
@@ -740,3 +686,15 @@ def test_first_stage_runs_in_the_trainers_mixed_precision(make_tiny_cde, mini_ba
     assert len(dtypes) == (1 if mini_batch_size is None else 6)  # cached: 3 chunks of 4 (12 docs), replayed
     assert set(dtypes) == {torch.bfloat16}
     assert model.contextual_module.first_stage.embeddings.word_embeddings.weight.grad is not None
+
+
+@pytest.mark.slow
+def test_docstring_example_trains_as_written(minilm, tmp_path, monkeypatch):
+    """The class docstring's example runs as written (offline MiniLM, one step) and changes the weights."""
+    doc = FilteredInfoNCELoss.__doc__
+    example = textwrap.dedent(doc[doc.index("Example:\n        ::\n") + len("Example:\n        ::\n") :])
+    monkeypatch.chdir(tmp_path)  # the example writes its output_dir where it runs
+    namespace = {"__name__": "__main__"}
+    exec(compile(example, "FilteredInfoNCELoss example", "exec"), namespace)
+    assert namespace["trainer"].state.global_step == 1
+    assert namespace["loss"].guide is not None  # the default guide was loaded
