@@ -102,7 +102,7 @@ class ContextualModelCardData(SentenceTransformerModelCardData):
         query, documents = self.usage_examples[0], self.usage_examples[1:]
         kwargs = {"convert_to_tensor": True, "show_progress_bar": False}
         if model.context_info is None:
-            kwargs["dataset_embeddings"] = model.embed_context(documents, seed=0)
+            kwargs["context_vectors"] = model.embed_context(documents, seed=0)
         q = model.encode_query([query], **kwargs)
         d = model.encode_document(documents, **kwargs)
         similarity = model.similarity(q, d)

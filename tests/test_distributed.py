@@ -121,9 +121,9 @@ def _reference(tiny_bert_dir: str, mode: str) -> dict[str, torch.Tensor]:
         columns = _columns(model, rank)
         for side, vectors in enumerate(loss._guide_embeddings([dict(c) for c in columns])):
             guide_reps[side].append(vectors)
-        context = loss._embed_context(module, loss._context_features(module, columns[1])[0])
+        context_vectors = loss._embed_context(module, loss._context_features(module, columns[1])[0])
         for side, column in enumerate(columns):
-            reps[side].append(model(dict(column), dataset_embeddings=context)["sentence_embedding"])
+            reps[side].append(model(dict(column), context_vectors=context_vectors)["sentence_embedding"])
         rows = len(RANK_ROWS[rank])
         weights.append(torch.full((rows,), 1.0 / (WORLD * rows), dtype=torch.float64))
     weights = torch.cat(weights)

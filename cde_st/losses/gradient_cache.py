@@ -109,7 +109,7 @@ class TwoStageCachedLossMixin(CachedLossMixin):
         path) so that wrappers decorating :meth:`calculate_loss` (MatryoshkaLoss) work the same in both modes."""
         kwargs = {}
         if context_features is not None:
-            kwargs["dataset_embeddings"] = self._embed_context(module, context_features)  # (J', d)
+            kwargs["context_vectors"] = self._embed_context(module, context_features)  # (J', d)
         if context_mask is not None:
             kwargs["context_mask"] = context_mask  # the same rows in every column
         reps = [self._net(feature, **kwargs)["sentence_embedding"] for feature in features]
@@ -230,7 +230,7 @@ class TwoStageCachedLossMixin(CachedLossMixin):
         grad_context = nullcontext if with_grad else torch.no_grad
         random_state_context = nullcontext() if random_state is None else random_state
         minibatch = _create_minibatch(sentence_feature, begin, end)
-        kwargs = {} if context_vectors is None else {"dataset_embeddings": context_vectors}
+        kwargs = {} if context_vectors is None else {"context_vectors": context_vectors}
         if context_mask is not None:
             kwargs["context_mask"] = context_mask[begin:end]
         with random_state_context:

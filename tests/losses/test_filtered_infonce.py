@@ -162,7 +162,7 @@ def _reference_forward(model, columns, **kwargs):
         ids = columns[1]["input_ids"]
         assert ids.shape[0] <= m.context_size, "reference assumes the whole batch is the context"
         ctx = batch_context(columns[1], m.context_size, max_length=m.context_max_seq_length)
-        model_kwargs["dataset_embeddings"] = m.embed_context_features(ctx)
+        model_kwargs["context_vectors"] = m.embed_context_features(ctx)
     reps = [model(dict(c), **model_kwargs)["sentence_embedding"] for c in columns]
     return reps
 
@@ -414,8 +414,8 @@ def test_replay_reproduces_first_pass_with_sequence_dropout(make_tiny_cde):
     # the dropout is real: the same rows without sequence dropout give other embeddings
     model.eval()
     with torch.no_grad():
-        ctx = torch.cat(m1_first)
-        clean = model(_columns(model)[0], dataset_embeddings=ctx)["sentence_embedding"][:5]
+        context_vectors = torch.cat(m1_first)
+        clean = model(_columns(model)[0], context_vectors=context_vectors)["sentence_embedding"][:5]
     assert (clean - first_pass[0]).abs().max() > 1e-4
 
 
