@@ -122,3 +122,21 @@ def test_train_help_gives_one_measured_time_per_preset_with_the_machine(capsys):
     for name, time in PRESET_TIMES.items():
         assert f"{name}: {time}" in out
     assert "2-core CPU" in PRESET_TIMES["tiny"] and "754 s" in PRESET_TIMES["mini"]
+
+
+def test_train_without_training_data_is_one_line_naming_what_to_pass(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train_run(["--preset", "mini", "--output-dir", str(out)]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: preset 'mini' has no training data: pass --set train_data=[PATH] (a folder"), line
+    assert "hub:owner/name" in line and not out.exists()  # refused before anything was written
+
+
+def test_print_config_prints_a_config_that_loads_back(tmp_path, capsys):
+    from cde_st.training import TrainConfig
+
+    argv = ["--preset", "mini", "--set", "train_data=[data/pairs]", "seed=3", "--print-config"]
+    assert train_run(argv) == 0
+    path = tmp_path / "copy.yaml"
+    path.write_text(capsys.readouterr().out)
+    assert TrainConfig.from_file(path) == TrainConfig.from_preset("mini", train_data=["data/pairs"], seed=3)

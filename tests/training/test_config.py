@@ -171,3 +171,23 @@ def test_a_config_that_is_a_folder_or_not_utf8_is_a_one_line_error(tmp_path, cap
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and str(path) in err, err
     assert ("is a folder" in err) if kind == "folder" else ("line 2: not UTF-8" in err)
+
+
+def test_presets_are_commented_yaml_files_in_the_package_and_load_as_configs(tmp_path):
+    from cde_st.training import PRESET_DIR, PRESET_TIMES, PRESETS
+
+    assert sorted(p.stem for p in PRESET_DIR.glob("*.yaml")) == sorted(PRESETS) == sorted(PRESET_TIMES)
+    for name in PRESETS:
+        text = (PRESET_DIR / f"{name}.yaml").read_text()
+        assert text.startswith(f"# Preset `{name}`") and "wall_time:" in text
+        copy = tmp_path / f"{name}.yaml"
+        copy.write_text(text)  # a copied preset file is a config file of its own (its wall_time is informational)
+        assert TrainConfig.from_file(copy, output_dir="x") == TrainConfig.from_preset(name, output_dir="x")
+    assert "train_data" not in PRESETS["mini"] and "train_data" not in PRESETS["paper"]  # no repository path
+    assert PRESETS["tiny"]["train_data"] == ["builtin:tiny"]
+
+
+def test_repository_configs_name_the_shared_pairs():
+    folder = Path(__file__).parents[2] / "train" / "configs"
+    for path in folder.glob("*.yaml"):
+        assert TrainConfig.from_file(path).train_data == ["../shared/data/pairs"], path
