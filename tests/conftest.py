@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+# Set before anything imports huggingface_hub / transformers (which read them at import): the fixtures below import
+# cde_st inside their bodies for that reason.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
