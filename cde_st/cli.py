@@ -165,7 +165,8 @@ def train_run(argv: list[str] | None = None) -> int:
         description="Train a contextual document embedding model with SentenceTransformerTrainer.",
         epilog="Example: cde-st-train --preset mini --set train_data=[../shared/data/pairs] model=biencoder "
         "batching=random --output-dir runs/b\n"
-        "Presets are commented YAML files (cde_st/training/presets/); --print-config prints a resolved config to copy.\n"
+        "Presets are commented YAML files (cde_st/training/presets/); --print-config prints a resolved config "
+        "to copy.\n"
         "Errors are one line `error: ...` (exit status 2); --debug or CDE_ST_DEBUG=1 shows the traceback.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -203,7 +204,8 @@ def train_run(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--print-config",
         action="store_true",
-        help="print the resolved config (of --preset / --config / --set) as YAML to copy into a --config file, and exit",
+        help="print the resolved config (of --preset / --config / --set) as YAML to copy into a --config file, "
+        "and exit",
     )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
@@ -240,7 +242,8 @@ def train_run(argv: list[str] | None = None) -> int:
         source = f"preset {preset!r}" if preset else "the config"
         if args.config:
             source = f"config {args.config}" + (f" (preset {preset!r})" if preset else "")
-        print(f"error: {source} has no training data: pass --set train_data=[PATH] ({TRAIN_DATA_HELP})", file=sys.stderr)
+        what = f"pass --set train_data=[PATH] ({TRAIN_DATA_HELP})"
+        print(f"error: {source} has no training data: {what}", file=sys.stderr)
         return 2
     except Exception as err:
         if _debug_wanted(argv):

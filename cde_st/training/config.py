@@ -177,8 +177,10 @@ class TrainConfig:
         if self.output_dir is None:
             self.output_dir = default_output_dir(None, self.model, self.seed)
         if self.model_config and self.model != "contextual":
-            what = "a bi-encoder has no context options" if self.model == "biencoder" else (
-                "a continued model keeps the options it was saved with"
+            what = (
+                "a bi-encoder has no context options"
+                if self.model == "biencoder"
+                else ("a continued model keeps the options it was saved with")
             )
             raise TrainConfigError(
                 f"model_config {self.model_config} only applies to model: contextual, but model is {self.model!r} "
@@ -223,7 +225,10 @@ class TrainConfig:
             raise ValueError(f"Unknown preset {name!r}; choose from {sorted(PRESETS)}.")
         values = cls.check_values(PRESETS[name], f"preset {name!r}")
         overrides = cls.check_values(overrides, "overrides")
-        if overrides.get("model", values.get("model", "contextual")) != "contextual" and "model_config" not in overrides:
+        if (
+            overrides.get("model", values.get("model", "contextual")) != "contextual"
+            and "model_config" not in overrides
+        ):
             values.pop("model_config", None)  # the preset's contextual options; a bi-encoder has none
         values = {**values, **overrides}
         if "output_dir" not in values:

@@ -233,7 +233,9 @@ def train(
         prepare_output_dir(cfg, resume, overwrite_output_dir, allow_config_change)
     elif resume and (isinstance(resume, str) or checkpoints(cfg.output_dir)):
         # The other ranks stop with rank 0 on a finished run instead of waiting for it in the first collective.
-        checkpoint = resume if isinstance(resume, str) else os.path.join(cfg.output_dir, checkpoints(cfg.output_dir)[-1])
+        checkpoint = (
+            resume if isinstance(resume, str) else os.path.join(cfg.output_dir, checkpoints(cfg.output_dir)[-1])
+        )
         refuse_to_resume_a_finished_run(cfg, checkpoint)
 
     pairs = load_pairs(cfg)

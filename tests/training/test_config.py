@@ -114,9 +114,15 @@ def test_presets_and_direct_construction_are_checked_too(monkeypatch):
         (dict(model_config={"context_gate": "false"}), r"model_config.context_gate' = 'false' \(str\): expected bool"),
         (dict(model_config={"soft_prompt_tokens": 2.5}), r"model_config.soft_prompt_tokens' = 2.5 .*expected int"),
         (dict(model_config={"context_size": 4.5}), r"model_config.context_size: context_size is a TrainConfig field"),
-        (dict(model_config={"context_gates": True}), r"unknown ContextualTransformer option 'context_gates'.*context_gate"),
+        (
+            dict(model_config={"context_gates": True}),
+            r"unknown ContextualTransformer option 'context_gates'.*context_gate",
+        ),
         (dict(context_size=4.5), r"'context_size' = 4.5 \(float\): expected int"),
-        (dict(model="biencoder", model_config={"context_gate": True}), r"model_config .* only applies to model: contextual"),
+        (
+            dict(model="biencoder", model_config={"context_gate": True}),
+            r"model_config .* only applies to model: contextual",
+        ),
     ],
 )
 def test_zero_none_and_out_of_range_fields_are_errors_that_name_the_field(values, expected):

@@ -73,7 +73,9 @@ def test_batch_sampler_gets_the_surrogate_kind(tmp_path):
     pairs = Dataset.from_dict({"query": ["q"] * 4, "document": ["d"] * 4, "domain": ["a"] * 4})
     tiny = TrainConfig.from_preset("tiny", output_dir=str(tmp_path))  # its surrogate, the tiny encoder, is built there
     assert build_batch_sampler(tiny, pairs).keywords["surrogate_kind"] == "transformer"
-    fast = build_batch_sampler(TrainConfig.from_preset("tiny", surrogate_kind="static", output_dir=str(tmp_path)), pairs)
+    fast = build_batch_sampler(
+        TrainConfig.from_preset("tiny", surrogate_kind="static", output_dir=str(tmp_path)), pairs
+    )
     assert fast.keywords["surrogate_kind"] == "static"
 
 
