@@ -6,7 +6,7 @@ context must come from the corpus *before any query is encoded*; :class:`Context
 way the evaluation kit (:func:`cde_st.evaluation.evaluate_model`) does for an mteb retrieval task:
 
 - the pool is the corpus, each document read as ``title + " " + text``
-  (:func:`cde_st.evaluation.pools.document_text`), deduplicated in corpus order;
+  (:func:`cde_st.data.document_text`), deduplicated in corpus order;
 - J documents are sampled from it with :func:`cde_st.context.sample_context` (seeded, without replacement);
 - task prefixes are on for a contextual model (queries ``search_query: ``, documents and context documents
   ``search_document: ``; :class:`cde_st.evaluation.TaskPrefixes`) and off for a plain one, which then uses its own
@@ -35,8 +35,10 @@ except ImportError as err:  # beir is an optional extra
     ) from err
 
 from cde_st.context import sample_context
-from cde_st.evaluation.pools import document_text, unique_texts
-from cde_st.evaluation.wrapper import TaskPrefixes, _clear_model_context, _set_model_context, is_contextual_model
+from cde_st.data import document_text
+from cde_st.evaluation.model_context import clear_model_context, context_sizes, is_contextual_model, set_model_context
+from cde_st.evaluation.pools import unique_texts
+from cde_st.evaluation.prefixes import TaskPrefixes
 
 logger = logging.getLogger(__name__)
 
@@ -112,10 +114,8 @@ class ContextualExactSearch(DenseRetrievalExactSearch):
             )
         if isinstance(context_seed, bool) or not isinstance(context_seed, int) or not 0 <= context_seed < 2**32:
             raise ValueError(f"context_seed must be an integer in [0, 2**32), got {context_seed!r}.")
-        from cde_st.evaluation.runner import _context_sizes
-
         self.contextual = is_contextual_model(model)
-        self.context_size = _context_sizes(model, self.contextual, "corpus", context_size)[0]
+        self.context_size = context_sizes(model, self.contextual, "corpus", context_size)[0]
         self.context_seed = context_seed
         if isinstance(prefixes, TaskPrefixes):
             self.prefixes: TaskPrefixes | None = prefixes
@@ -137,10 +137,10 @@ class ContextualExactSearch(DenseRetrievalExactSearch):
         texts = sample_context(pool, self.context_size, self.context_seed) if self.context_size else []
         try:
             if texts:
-                info = _set_model_context(self.encoder, texts, self.context_seed, prompt, batch_size=self.batch_size)
+                info = set_model_context(self.encoder, texts, self.context_seed, prompt, batch_size=self.batch_size)
                 fingerprint = info.fingerprint
             else:
-                _clear_model_context(self.encoder)
+                clear_model_context(self.encoder)
                 fingerprint = None
             entry = {
                 "size": len(texts),
@@ -161,7 +161,7 @@ class ContextualExactSearch(DenseRetrievalExactSearch):
                     warnings.filterwarnings("ignore", message="No context is set", category=UserWarning)
                 yield
         finally:
-            _clear_model_context(self.encoder)
+            clear_model_context(self.encoder)
 
     def search(
         self,

@@ -32,6 +32,8 @@ from sentence_transformers.sentence_transformer.evaluation import (
 )
 
 from cde_st.context import ContextInfo, sample_context
+from cde_st.data import load_beir
+from cde_st.evaluation.model_context import set_model_context
 from cde_st.model import context_prompt, contextual_module, is_contextual
 
 logger = logging.getLogger(__name__)
@@ -62,13 +64,12 @@ def corpus_context(
     previous = module.context_snapshot()
     was_training = module.training
     try:
-        if size == slots:  # J documents: set_context samples the same ones back and records them
+        if size == slots:  # J documents: set_context samples them from the corpus and records them
             info = module.set_context(list(corpus), seed=seed, prompt=prompt, batch_size=batch_size)
-        else:
+        else:  # fewer: the sampled documents fill `size` slots, the others stay null
             texts = sample_context(corpus, size, seed) if size else []
-            vectors = module.embed_context_texts([prompt + t for t in texts], batch_size=batch_size)
-            info = module.set_context(vectors)
-            info.seed, info.prompt, info.corpus_size = seed, prompt, len(corpus)
+            info = set_model_context(model, texts, seed=seed, prompt=prompt, batch_size=batch_size)
+            info.corpus_size = len(corpus)
         yield info
     finally:
         module.restore_context(previous)
@@ -105,19 +106,14 @@ class ContextualRetrievalEvaluator(InformationRetrievalEvaluator):
         context_size: int | None = None,
         **kwargs,
     ) -> None:
-        from cde_st.evaluation.local_tasks import load_retrieval_split
-
         if context_size is not None and (isinstance(context_size, bool) or not isinstance(context_size, int)):
             raise TypeError(f"context_size must be an int or None, got {context_size!r}.")
         if context_size is not None and context_size < 0:
             raise ValueError(f"context_size must be >= 0, got {context_size}.")
-        data = load_retrieval_split(folder, split)
-        corpus = {
-            i: (t + " " + x).strip()
-            for i, t, x in zip(data["corpus"]["id"], data["corpus"]["title"], data["corpus"]["text"])
-        }
-        queries = dict(zip(data["queries"]["id"], data["queries"]["text"]))
-        relevant = {q: {d for d, s in rel.items() if s > 0} for q, rel in data["relevant_docs"].items()}
+        data = load_beir(folder, split)
+        corpus = data.document_texts()
+        queries = data.queries
+        relevant = {q: {d for d, s in rel.items() if s > 0} for q, rel in data.qrels.items()}
         if max_corpus is not None and max_corpus < len(corpus):
             judged = set().union(*relevant.values()) & set(corpus)
             others = sorted(set(corpus) - judged)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cde_st.context import fingerprint_texts, sample_context
+from cde_st.data import document_text
 
 logger = logging.getLogger(__name__)
 
@@ -57,15 +58,9 @@ def _subset_data(task: Any, hf_subset: str) -> Any:
     raise KeyError(f"Task {task.metadata.name} has no loaded subset {hf_subset!r}.")
 
 
-def document_text(title: str | None, text: str) -> str:
-    """One retrieval document as mteb's dataloader forms it: ``title + " " + text`` (just the text without a
-    title), stripped. The evaluation kit, its context pools and the beir search all read documents this way."""
-    return (f"{title} {text}" if title else text).strip()
-
-
 def corpus_texts(corpus: Any) -> list[str]:
     """Document texts of a retrieval corpus (a ``datasets.Dataset`` with ``text`` and optional ``title``), see
-    :func:`document_text`."""
+    :func:`cde_st.data.document_text`."""
     texts = corpus["text"]
     titles = corpus["title"] if "title" in corpus.column_names else [None] * len(texts)
     return [document_text(title, text) for title, text in zip(titles, texts)]

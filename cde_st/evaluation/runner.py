@@ -1,11 +1,14 @@
 """One function to evaluate a model on mteb tasks with per-task corpus context: :func:`evaluate_model`.
 
-``eval/run_mteb.py`` is a thin command line over it, and the trainer calls it to score a dev folder.
+``eval/run_mteb.py`` is a thin command line over it, and the trainer calls it to score a dev folder. For each
+context size J of the run, a :class:`~cde_st.evaluation.wrapper.ContextualEncoderWrapper` (task prefixes, the
+context plan of :mod:`~cde_st.evaluation.pools`) is handed to ``mteb.evaluate`` task by task; tasks come from
+:mod:`~cde_st.evaluation.tasks`, the model and its result name from :mod:`~cde_st.evaluation.models`, cached results
+are checked by :mod:`~cde_st.evaluation.provenance` and summaries written by :mod:`~cde_st.evaluation.report`.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import logging
@@ -18,8 +21,12 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from cde_st.context import sample_context
-from cde_st.evaluation.local_tasks import find_local_task, list_local_tasks, load_local_task
+from cde_st.data import document_text, read_jsonl
+from cde_st.evaluation.model_context import context_sizes, is_contextual_model
+from cde_st.evaluation.models import build_model_meta, default_model_name, load_model, parameter_fingerprint
 from cde_st.evaluation.pools import CONTEXT_MODES, ContextPlan, context_pool, unique_texts
+from cde_st.evaluation.prefixes import TaskPrefixes
+from cde_st.evaluation.provenance import check_cached, record_provenance, task_provenance
 from cde_st.evaluation.report import (
     TaskScore,
     plot_sweep,
@@ -30,206 +37,32 @@ from cde_st.evaluation.report import (
     write_summary,
     write_sweep_csv,
 )
+from cde_st.evaluation.tasks import (
+    TaskDataError,
+    UnknownTaskError,
+    first_subset_split,
+    load_task_data,
+    resolve_task,
+)
+from cde_st.evaluation.wrapper import ContextualEncoderWrapper
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_OUTPUT_DIR",
+    "EvaluationReport",
+    "RunResult",
+    "TaskDataError",
+    "UnknownTaskError",
+    "evaluate_model",
+    "load_model",
+    "load_text_corpus",
+    "resolve_task",
+]
 
 
 #: Where :func:`evaluate_model` and ``cde-st-eval`` write by default (mteb results and summaries beneath it).
 DEFAULT_OUTPUT_DIR = "outputs/mteb"
-
-
-class UnknownTaskError(ValueError):
-    """A task name that is neither a local folder nor an mteb task."""
-
-
-class TaskDataError(RuntimeError):
-    """A task's data could not be loaded (e.g. an mteb hub dataset while offline)."""
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Models
-
-
-def load_model(name_or_path: str | Path, device: str | None = None):
-    """Load a sentence-transformers model from a folder or a hub id; CDE folders and the released CDE models
-    (``jxm/cde-small-v2``, ``cde-small``, ...) load as ``ContextualSentenceTransformer`` (no ``trust_remote_code``).
-
-    Raises:
-        FileNotFoundError: a path-like name whose folder does not exist, or a folder that is not a model.
-    """
-    from sentence_transformers import SentenceTransformer
-
-    from cde_st.released import is_released_checkpoint
-
-    spec = str(name_or_path)
-    path = Path(spec).expanduser()
-    if is_released_checkpoint(spec):
-        # cde-small-v1/v2 (hub id, short name or a local copy of the released files): native, no remote code
-        from cde_st import ContextualSentenceTransformer
-
-        return ContextualSentenceTransformer(spec, device=device)
-    if path.exists():
-        if not path.is_dir() or not ((path / "modules.json").is_file() or (path / "config.json").is_file()):
-            raise FileNotFoundError(
-                f"{path} is not a model folder (no modules.json or config.json): give a saved sentence-transformers "
-                "model folder or a hub id."
-            )
-        modules = path / "modules.json"
-        if modules.is_file() and "cde_st" in modules.read_text(encoding="utf-8"):
-            from cde_st import ContextualSentenceTransformer
-
-            return ContextualSentenceTransformer(str(path), device=device)
-        return SentenceTransformer(str(path), device=device)
-    looks_like_path = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
-    if looks_like_path:
-        raise FileNotFoundError(f"Model folder {path} does not exist.")
-    try:
-        return SentenceTransformer(spec, device=device)
-    except Exception as err:  # hub errors come in many types; say what was tried
-        raise FileNotFoundError(
-            f"{spec!r} is not a local model folder and could not be loaded from the Hugging Face hub ({err})."
-        ) from err
-
-
-def default_model_name(model: Any, spec: str | Path | None) -> str:
-    """``org/name`` for results: the hub id, ``local/<folder>`` for a folder, else from the model card."""
-    if spec is not None:
-        text = str(spec)
-        path = Path(text).expanduser()
-        if path.exists():
-            resolved = path.resolve()
-            generic = resolved.name.lower() in {"model", "models", "final", "best", "output", "checkpoint"}
-            return f"local/{resolved.parent.name if generic else resolved.name}"
-        return text if "/" in text else f"local/{text}"
-    card = getattr(model, "model_card_data", None)
-    name = getattr(card, "model_name", None) or getattr(card, "base_model", None)
-    if name:
-        return name if "/" in name else f"local/{name}"
-    return f"local/{type(model).__name__}"
-
-
-def parameter_fingerprint(model: Any) -> str:
-    """Short hash of a model's weights: the default result revision, so different checkpoints never collide."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return f"params-{digest.hexdigest()[:12]}"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Tasks
-
-
-def resolve_task(
-    task: Any,
-    data_dir: str | Path | None = None,
-    eval_splits: Sequence[str] | None = None,
-    identical_ids: str = "auto",
-):
-    """An mteb task from a task object, a local folder (path, or name under ``data_dir``) or an mteb task name.
-
-    Local folders win over mteb names (``scifact`` is the local copy, ``SciFact`` the mteb hub task).
-    ``identical_ids`` (retrieval): ``"auto"`` keeps an mteb task's own rule for query ids that are also corpus ids
-    (for local folders that are no mteb task: decided from the texts, see
-    :func:`~cde_st.evaluation.local_tasks.queries_are_documents`); ``"ignore"`` / ``"keep"`` force it.
-
-    Raises:
-        UnknownTaskError: with the local tasks found and the closest mteb names.
-    """
-    import mteb
-    from mteb.abstasks.abstask import AbsTask
-
-    if isinstance(task, AbsTask):
-        return _apply_identical_ids(task, identical_ids)
-    spec = str(task)
-    folder = find_local_task(spec, data_dir)
-    if folder is not None:
-        return load_local_task(folder, eval_splits=eval_splits, identical_ids=identical_ids)
-    try:
-        hub_task = mteb.get_task(spec)
-    except KeyError:
-        local = list_local_tasks(data_dir)
-        names = [t.metadata.name for t in mteb.get_tasks()]
-        close = difflib.get_close_matches(spec, local + names, n=5, cutoff=0.6)
-        lines = [f"Unknown task {spec!r}: not a folder, not a local task under data_dir, not an mteb task."]
-        if close:
-            lines.append(f"Did you mean: {', '.join(close)}?")
-        if data_dir is None:
-            lines.append("Local tasks are looked up under --data-dir (e.g. ../shared/data).")
-        elif local:
-            lines.append(f"Local tasks in {data_dir}: {', '.join(local)}.")
-        else:
-            lines.append(f"No local tasks found under {data_dir}.")
-        raise UnknownTaskError(" ".join(lines)) from None
-    if eval_splits:
-        hub_task = hub_task.filter_eval_splits(list(eval_splits))
-    return _apply_identical_ids(hub_task, identical_ids)
-
-
-def _apply_identical_ids(task: Any, identical_ids: str) -> Any:
-    """Set (``ignore`` / ``keep``) or describe (``auto``) a retrieval task's rule for identical query/document ids."""
-    from cde_st.evaluation.local_tasks import IDENTICAL_IDS_RULES
-
-    if identical_ids not in IDENTICAL_IDS_RULES:
-        raise ValueError(f"identical_ids must be one of {IDENTICAL_IDS_RULES}, got {identical_ids!r}.")
-    if not hasattr(task, "ignore_identical_ids") or getattr(task, "local_source", None) is not None:
-        return task  # not retrieval, or a local folder (load_local_task set its rule)
-    if identical_ids == "auto":
-        why = f"the setting of mteb task {task.metadata.name}"
-    else:
-        task.ignore_identical_ids = identical_ids == "ignore"
-        why = f"identical_ids={identical_ids!r} was asked for"
-    verb = "ignore" if task.ignore_identical_ids else "keep"
-    task.identical_ids_rule = f"{verb} identical query/document ids ({why})"
-    return task
-
-
-def _load_task_data(task: Any, data_dir: str | Path | None) -> None:
-    if task.data_loaded:
-        return
-    try:
-        task.load_data()
-    except Exception as err:
-        if getattr(task, "local_source", None) is not None:
-            raise
-        local = list_local_tasks(data_dir)
-        twin = [n for n in local if n.replace("_", "").lower() in task.metadata.name.replace("-", "").lower()]
-        hint = f" A local copy may exist: {', '.join(twin)} (with --data-dir {data_dir})." if twin else ""
-        raise TaskDataError(
-            f"Could not load the data of mteb task {task.metadata.name!r} ({task.metadata.dataset.get('path')}) "
-            f"from the Hugging Face hub: {type(err).__name__}: {err}. Without network access, evaluate a local "
-            f"folder instead (a path, or a folder name with --data-dir).{hint}"
-        ) from err
-    if getattr(task, "local_source", None) is None:  # local folders are checked as they are read
-        _check_retrieval_judgements(task)
-
-
-def _check_retrieval_judgements(task: Any) -> None:
-    """The relevance-judgement check of local folders, for a retrieval task mteb loaded itself (hub data)."""
-    from cde_st.evaluation.local_tasks import check_relevance_judgements
-
-    if task.metadata.type not in {"Retrieval", "InstructionRetrieval"} or not isinstance(task.dataset, Mapping):
-        return
-    for subset, splits in task.dataset.items():
-        if not isinstance(splits, Mapping):
-            continue
-        for split, data in splits.items():
-            if not isinstance(data, Mapping) or not {"corpus", "queries", "relevant_docs"} <= set(data):
-                continue
-            if data["corpus"] is None or data["queries"] is None or not data["relevant_docs"]:
-                continue
-            data["relevant_docs"] = check_relevance_judgements(
-                data["relevant_docs"],
-                {str(i) for i in data["queries"]["id"]},
-                {str(i) for i in data["corpus"]["id"]},
-                where=f"mteb task {task.metadata.name} ({task.metadata.dataset.get('path')}), subset {subset}, "
-                f"split {split}",
-            )
-
-
-def _first_subset_split(task: Any) -> tuple[str, str]:
-    return task.hf_subsets[0], task.eval_splits[0]
 
 
 #: File names ``random_corpus`` reads as files (a missing one is a missing file, not an unknown task).
@@ -240,8 +73,6 @@ def load_text_corpus(spec: str | Path | Sequence[str], data_dir: str | Path | No
     """Documents of a "random" context corpus and a short name for it: a list of texts; a ``.txt`` (one document
     per line) or ``.jsonl[.gz]`` file (``text`` field, with ``title`` prepended when present); or a local task /
     folder, whose context pool (for its first subset and split) is the corpus."""
-    from cde_st.evaluation.local_tasks import read_jsonl
-
     if not isinstance(spec, (str, Path)):
         texts = unique_texts(spec)
         digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:8]
@@ -257,7 +88,7 @@ def load_text_corpus(spec: str | Path | Sequence[str], data_dir: str | Path | No
             texts = unique_texts(path.read_text(encoding="utf-8").splitlines())
         else:
             rows = read_jsonl(path, ["text"], optional=["title"])
-            texts = unique_texts(f"{r.get('title', '')} {r['text']}".strip() for r in rows)
+            texts = unique_texts(document_text(r.get("title", ""), r["text"]) for r in rows)
         return texts, path.name
     try:
         task = resolve_task(str(spec), data_dir)
@@ -265,8 +96,8 @@ def load_text_corpus(spec: str | Path | Sequence[str], data_dir: str | Path | No
         raise UnknownTaskError(
             f"random_corpus (--random-corpus) {str(spec)!r} is not a file, a folder or a task. {err}"
         ) from None
-    _load_task_data(task, data_dir)
-    texts = context_pool(task, *_first_subset_split(task))
+    load_task_data(task, data_dir)
+    texts = context_pool(task, *first_subset_split(task))
     return texts, task.metadata.name
 
 
@@ -404,9 +235,8 @@ def evaluate_model(
         >>> report = evaluate_model(model, ["scifact"], data_dir="../shared/data", context_size=[0, 64])  # doctest: +SKIP
         >>> report.score("scifact", context_size=64)  # doctest: +SKIP
     """
+    # mteb is imported on use: importing it takes seconds, and this module's other names do not need it
     import mteb
-
-    from cde_st.evaluation.wrapper import ContextualEncoderWrapper, TaskPrefixes, build_model_meta, is_contextual_model
 
     if context not in CONTEXT_MODES:
         raise ValueError(f"Unknown context mode {context!r}; choose one of {CONTEXT_MODES}.")
@@ -423,7 +253,7 @@ def evaluate_model(
         model.max_seq_length = max_seq_length
 
     contextual = is_contextual_model(model)
-    sizes = _context_sizes(model, contextual, context, context_size)
+    sizes = context_sizes(model, contextual, context, context_size)
     mode = context if contextual else "none"
     use_prefixes = prefixes if prefixes is not None else (contextual or bool(prefix_overrides))
     task_prefixes = TaskPrefixes().with_overrides(prefix_overrides) if use_prefixes else None
@@ -457,17 +287,17 @@ def evaluate_model(
     try:
         for task in tqdm(resolved, desc="Tasks", unit="task", disable=not show_progress_bar or len(resolved) < 2):
             preloaded = task.data_loaded
-            _load_task_data(task, data_dir)
+            load_task_data(task, data_dir)
             if getattr(task, "identical_ids_rule", None):
                 task_settings[task.metadata.name] = {"identical_ids": task.identical_ids_rule}
             for wrapper, run in zip(wrappers, runs):
                 if wrapper.plan is not None:
                     wrapper.plan.register(task)
                 logger.info("Evaluating %s on %s (%s)", model_name, task.metadata.name, run.label)
-                provenance = _provenance(task, wrapper) if cache is not None else None
+                provenance = task_provenance(task, wrapper) if cache is not None else None
                 strategy = "always"
                 if cache is not None and not overwrite:
-                    reuse, note = _check_cached(cache, wrapper.mteb_model_meta, task.metadata.name, provenance)
+                    reuse, note = check_cached(cache, wrapper.mteb_model_meta, task.metadata.name, provenance)
                     strategy = "only-missing" if reuse else "always"
                     if note:
                         run.cache_notes[task.metadata.name] = note
@@ -486,7 +316,7 @@ def evaluate_model(
                 if result.exceptions:
                     raise RuntimeError(f"Task {task.metadata.name} failed: {result.exceptions[0].exception}")
                 if cache is not None:
-                    _record_provenance(cache, wrapper.mteb_model_meta, provenance, merge=strategy != "always")
+                    record_provenance(cache, wrapper.mteb_model_meta, provenance, merge=strategy != "always")
                 task_result = result.task_results[0]
                 run.task_results.append(task_result)
                 run.scores.append(
@@ -513,123 +343,6 @@ def evaluate_model(
     return report
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Provenance of cached results: what a stored score was computed from
-
-#: Beside mteb's ``<task>.json`` files (not ``.json``: mteb would read it as a task result).
-PROVENANCE_FILE = "cde_st_provenance.jsonl"
-
-
-def _provenance(task: Any, wrapper: Any) -> dict[str, Any]:
-    """What a task's score depends on beyond the model name/revision and the run settings in the result path: the
-    data (dataset revision: a content hash for local folders), the context documents of each subset/split, the
-    scoring rule for identical query/document ids and the token limit."""
-    plan = wrapper.plan
-    contexts: dict[str, str | None] = {}
-    for subset in task.hf_subsets:
-        for split in task.eval_splits:
-            choice = plan.choose(task.metadata.name, subset, split) if plan is not None else None
-            contexts[f"{subset}/{split}"] = choice.fingerprint if choice is not None else None
-    return {
-        "task": task.metadata.name,
-        "dataset_revision": task.metadata.revision,
-        "contexts": contexts,
-        "ignore_identical_ids": getattr(task, "ignore_identical_ids", None),
-        "max_seq_length": getattr(wrapper.model, "max_seq_length", None),
-    }
-
-
-def _provenance_path(cache: Any, meta: Any, task_name: str) -> tuple[Path, Path]:
-    result_path = Path(cache.get_task_result_path(task_name, meta))
-    return result_path, result_path.parent / PROVENANCE_FILE
-
-
-def _read_provenance(path: Path) -> dict[str, dict[str, Any]]:
-    records: dict[str, dict[str, Any]] = {}
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a damaged line only costs a re-run of its task
-            if isinstance(record, dict) and "task" in record:
-                records[record["task"]] = record
-    return records
-
-
-def _check_cached(cache: Any, meta: Any, task_name: str, expected: dict[str, Any] | None) -> tuple[bool, str]:
-    """Whether the cached result of ``task_name`` may be reused, and a note saying what was done and why.
-
-    mteb's own ``only-missing`` returns any cached result whose splits are complete, whatever data it came from;
-    a cached result is reused here only when its recorded provenance matches ``expected``."""
-    result_path, record_path = _provenance_path(cache, meta, task_name)
-    if not result_path.is_file():
-        return False, ""
-    recorded = _read_provenance(record_path).get(task_name)
-    if recorded is None:
-        reason = (
-            f"{record_path.name} has no record of the data and context it was computed with "
-            "(written by mteb directly or an older cde_st)"
-        )
-    else:
-        changes = []
-        if recorded.get("dataset_revision") != expected["dataset_revision"]:
-            changes.append(
-                f"the data changed (dataset revision {recorded.get('dataset_revision')} -> "
-                f"{expected['dataset_revision']})"
-            )
-        old_contexts = recorded.get("contexts") or {}
-        changed = [
-            f"{key}: {old_contexts[key]} -> {value}"
-            for key, value in expected["contexts"].items()
-            if key in old_contexts and old_contexts[key] != value
-        ]
-        if changed:
-            changes.append(f"the context documents changed ({'; '.join(changed)})")
-        for key, what in (("ignore_identical_ids", "ignore_identical_ids"), ("max_seq_length", "max_seq_length")):
-            if recorded.get(key) != expected[key]:
-                changes.append(f"{what} changed ({recorded.get(key)} -> {expected[key]})")
-        reason = "; ".join(changes)
-    if reason:
-        logger.warning("%s: re-running instead of reusing %s: %s.", task_name, result_path, reason)
-        return False, f"re-ran: {reason}"
-    logger.info("%s: reusing %s (same data, context and settings).", task_name, result_path)
-    return True, f"reused {result_path} (same data, context and settings)"
-
-
-def _record_provenance(cache: Any, meta: Any, record: dict[str, Any] | None, merge: bool) -> None:
-    if record is None:
-        return
-    _, path = _provenance_path(cache, meta, record["task"])
-    records = _read_provenance(path)
-    previous = records.get(record["task"])
-    if merge and previous is not None:  # splits run earlier keep their contexts
-        record = {**record, "contexts": {**(previous.get("contexts") or {}), **record["contexts"]}}
-    records[record["task"]] = record
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values()), encoding="utf-8")
-
-
-def _context_sizes(model: Any, contextual: bool, context: str, context_size: int | Sequence[int] | None) -> list[int]:
-    requested = [context_size] if isinstance(context_size, int) else list(context_size or [])
-    if any(j < 0 for j in requested):
-        raise ValueError(f"Context sizes must be >= 0, got {requested}.")
-    if not contextual:
-        if any(j > 0 for j in requested) or context != "corpus":
-            logger.warning("Plain (non-contextual) model: context settings are ignored.")
-        return [0]
-    if context == "none":
-        return [0]
-    from cde_st import contextual_module
-
-    slots = contextual_module(model).context_size
-    sizes = list(dict.fromkeys(requested)) or [slots]
-    too_big = [j for j in sizes if j > slots]
-    if too_big:
-        raise ValueError(f"Context size(s) {too_big} exceed the model's {slots} context slots.")
-    return sizes
-
-
 def _random_pool(tasks: list[Any], random_corpus: Any, data_dir: Any, max_size: int, seed: int):
     """The foreign-document function of ``context="random"`` and its name for the results."""
     if random_corpus is not None:
@@ -645,8 +358,8 @@ def _random_pool(tasks: list[Any], random_corpus: Any, data_dir: Any, max_size: 
     samples: dict[str, list[str]] = {}
     for task in tasks:
         was_loaded = task.data_loaded
-        _load_task_data(task, data_dir)
-        pool = context_pool(task, *_first_subset_split(task))
+        load_task_data(task, data_dir)
+        pool = context_pool(task, *first_subset_split(task))
         samples[task.metadata.name] = sample_context(pool, min(len(pool), max_size), seed)
         if not was_loaded:
             task.unload_data()
