@@ -79,7 +79,6 @@ def parameter_fingerprint(model: Any) -> str:
     return f"params-{digest.hexdigest()[:12]}"
 
 
-
 def embedding_dimension(model: Any) -> int | None:
     """Output dimension of a sentence-transformers model (``get_embedding_dimension`` since 6.0)."""
     getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension

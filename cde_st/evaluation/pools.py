@@ -30,6 +30,9 @@ from cde_st.data import document_text
 
 logger = logging.getLogger(__name__)
 
+# mteb (and datasets) are imported inside the functions that use them: importing mteb takes seconds, and
+# ``import cde_st.evaluation`` (and the in-training evaluators) must not pay for it.
+
 #: Context modes of the evaluation kit.
 CONTEXT_MODES = ("corpus", "random", "none")
 

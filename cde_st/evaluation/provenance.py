@@ -109,4 +109,3 @@ def record_provenance(cache: Any, meta: Any, record: dict[str, Any] | None, merg
     records[record["task"]] = record
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values()), encoding="utf-8")
-

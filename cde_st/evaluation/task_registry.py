@@ -15,6 +15,9 @@ from cde_st.evaluation.local_folders import KIND_TO_MTEB_TYPE
 
 logger = logging.getLogger(__name__)
 
+# mteb (and datasets) are imported inside the functions that use them: importing mteb takes seconds, and
+# ``import cde_st.evaluation`` (and the in-training evaluators) must not pay for it.
+
 #: Local folder name -> (published mteb task whose definition it reproduces, hf subset of that task).
 MTEB_TWINS: dict[str, tuple[str, str]] = {
     "scifact": ("SciFact", "default"),

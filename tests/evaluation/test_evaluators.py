@@ -143,8 +143,14 @@ def test_train_scores_a_stock_evaluator_with_the_corpus_context(tmp_path, minilm
     ("make", "message"),
     [
         (lambda: EmbeddingSimilarityEvaluator(["a"], ["b"], [0.5], name="one"), "1 pair\\(s\\); a Spearman"),
-        (lambda: EmbeddingSimilarityEvaluator(["a", "c"], ["b", "d"], [1.0, 1.0], name="flat"), "every pair has the score"),
-        (lambda: BinaryClassificationEvaluator(["a", "c"], ["b", "d"], [1, 1], name="pos"), "every pair has the label 1"),
+        (
+            lambda: EmbeddingSimilarityEvaluator(["a", "c"], ["b", "d"], [1.0, 1.0], name="flat"),
+            "every pair has the score",
+        ),
+        (
+            lambda: BinaryClassificationEvaluator(["a", "c"], ["b", "d"], [1, 1], name="pos"),
+            "every pair has the label 1",
+        ),
     ],
 )
 def test_evaluator_data_that_cannot_be_scored_is_refused(make, message):

@@ -12,7 +12,9 @@ from evaluation_helpers import (
 from cde_st.evaluation.local_tasks import load_local_task
 
 
-def test_generic_folder_whose_queries_are_corpus_documents_ignores_identical_ids(data_dir, tmp_path, tiny_plain_model, caplog):
+def test_generic_folder_whose_queries_are_corpus_documents_ignores_identical_ids(
+    data_dir, tmp_path, tiny_plain_model, caplog
+):
     from cde_st.evaluation import evaluate_model
 
     make_self_retrieval(data_dir, "my_arguments")
@@ -48,7 +50,9 @@ def test_ids_that_merely_coincide_keep_the_query_own_document(tmp_path, tiny_pla
     folder = make_numbered_collection(tmp_path)
     task = loaded(folder)
     assert task.ignore_identical_ids is False
-    assert task.identical_ids_rule.startswith("keep") and "the ids coincide, the texts differ" in task.identical_ids_rule
+    assert (
+        task.identical_ids_rule.startswith("keep") and "the ids coincide, the texts differ" in task.identical_ids_rule
+    )
     assert "6 of 6 query ids are also corpus ids" in task.identical_ids_rule
     kwargs = dict(output_dir=None, batch_size=8, show_progress_bar=False)
     auto = evaluate_model(tiny_plain_model, [folder], **kwargs)
