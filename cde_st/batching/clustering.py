@@ -85,7 +85,7 @@ def _pair_points(q: np.ndarray, d: np.ndarray, rows: np.ndarray, flipped: np.nda
 def _faiss_use_gpu(use_gpu: bool | None) -> bool:
     """Whether k-means runs on the GPU. ``None``: when faiss is a GPU build and sees a device, else the CPU.
     ``True`` without one is an error naming what is missing (the GPU build, or a device it can see)."""
-    import faiss
+    import faiss  # deferred (here and below): faiss loads its native libraries, which `import cde_st` need not pay
 
     gpu_build = hasattr(faiss, "StandardGpuResources")  # absent from faiss-cpu
     available = faiss.get_num_gpus() if gpu_build else 0
@@ -116,7 +116,7 @@ def _spherical_kmeans(
     use_gpu: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Cluster the 2N points [q;d], [d;q] of one domain; return (labels by [q;d], centroids)."""
-    import faiss
+    import faiss  # deferred: see _faiss_use_gpu
 
     n, dim = q.shape
     rng = np.random.default_rng(seed)

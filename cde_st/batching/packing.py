@@ -34,7 +34,7 @@ def order_clusters(centroids: np.ndarray, order: ClusterOrder = "greedy", seed: 
     if order == "random" or k <= 2:
         return rng.permutation(k).astype(np.int64)
 
-    import faiss
+    import faiss  # deferred: faiss loads its native libraries, needed only for a greedy tour of 3+ clusters
 
     index = faiss.IndexFlatIP(centroids.shape[1])
     index.add(centroids)
