@@ -4,13 +4,14 @@ from cde_st.batching import ClusteredBatchSampler
 from cde_st.context import ContextInfo, sample_context
 from cde_st.losses import FilteredInfoNCELoss
 from cde_st.model import ContextualSentenceTransformer, contextual_module, is_contextual, set_context
-from cde_st.modules import ContextualTransformer
+from cde_st.modules import ContextualConfig, ContextualTransformer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ClusteredBatchSampler",
     "ContextInfo",
+    "ContextualConfig",
     "ContextualSentenceTransformer",
     "ContextualTransformer",
     "FilteredInfoNCELoss",

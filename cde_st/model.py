@@ -20,7 +20,9 @@ from sentence_transformers.sentence_transformer.modules import Normalize
 
 from cde_st.context import ContextInfo
 from cde_st.model_card import ContextualModelCardData, refresh_contextual_section
-from cde_st.modules.contextual_transformer import ContextualTransformer, check_backend, read_source_pipeline
+from cde_st.modules.contextual_transformer import ContextualTransformer
+from cde_st.modules.loading_options import check_backend
+from cde_st.modules.source_pipeline import read_source_pipeline
 from cde_st.released import ALIASES as RELEASED_ALIASES
 from cde_st.released import PROMPTS as RELEASED_PROMPTS
 from cde_st.released import is_released_checkpoint, load_released, resolve_name
@@ -66,20 +68,16 @@ def set_context(
         >>> model = SentenceTransformer("path/to/cde_model", trust_remote_code=True)  # doctest: +SKIP
         >>> cde_st.set_context(model, corpus_texts, seed=0)                           # doctest: +SKIP
     """
-    if prompt is None and not isinstance(context, (torch.Tensor, np.ndarray)):
-        prompt = context_prompt(model)
     return contextual_module(model).set_context(
         context, seed=seed, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar
     )
 
 
 def context_prompt(model: torch.nn.Module) -> str:
-    """The prompt context documents get: the one the model encodes documents with. For a SentenceTransformer that is
-    ``model.prompts["document"]`` (none if it has no document prompt), else the module's ``document_prompt``.
-    Every route (``ContextualSentenceTransformer.set_context``, :func:`set_context`, ``model[0].set_context``) ends
-    up with this prompt: :class:`ContextualSentenceTransformer` keeps the module's prompts equal to its own."""
-    if isinstance(model, SentenceTransformer):
-        return (model.prompts or {}).get("document", "")
+    """The prompt context documents get: the one the model encodes documents with, ``model.prompts["document"]``
+    ("" if it has none; the module's own prompt for a module outside a model). Every route
+    (``ContextualSentenceTransformer.set_context``, :func:`set_context`, ``model[0].set_context``) reads it from the
+    module, which reads its model's prompts (:mod:`cde_st.modules.owner_prompts`)."""
     return contextual_module(model).document_prompt
 
 
@@ -112,7 +110,8 @@ class ContextualSentenceTransformer(SentenceTransformer):
         d = model.encode_document(corpus_texts)            # "search_document: " prefix + corpus context
         model.save("my-cde")                               # the context is saved with the model
 
-    ``encode(..., dataset_embeddings=vectors)`` overrides the context for one call. With no context the model
+    ``encode(..., context_vectors=vectors)`` overrides the context for one call (``dataset_embeddings=``, the
+    released models' name for it, is accepted too). With no context the model
     uses the null context (a plain bi-encoder) and warns once.
 
     Prompts: ``encode_query`` applies ``prompts["query"]``, ``encode_document`` and the context documents
@@ -185,7 +184,6 @@ class ContextualSentenceTransformer(SentenceTransformer):
         if self.default_prompt_name is None and self.prompts.get("document"):
             # encode() embeds like encode_document (sentence-transformers' default prompt), matching the context.
             self.default_prompt_name = "document"
-        self._sync_module_prompts()
 
     @classmethod
     def from_encoder(
@@ -211,7 +209,8 @@ class ContextualSentenceTransformer(SentenceTransformer):
         classification (MTEB) see.
 
         ``config`` holds any :class:`ContextualTransformer` field (``sequence_dropout``, ``output_head``,
-        ``include_prompt``, ``max_seq_length``, ``query_prompt``, ``document_prompt``, ...).
+        ``include_prompt``, ``max_seq_length``, ...; see :class:`~cde_st.modules.ContextualConfig`), and
+        ``query_prompt`` / ``document_prompt`` (used when ``prompts`` is None).
         """
         source = read_source_pipeline(name_or_path)
         module = ContextualTransformer.from_encoder(name_or_path, source=source, context_size=context_size, **config)
@@ -225,25 +224,26 @@ class ContextualSentenceTransformer(SentenceTransformer):
         # context saved now and the folder it is saved to.
         return refresh_contextual_section(super()._update_default_model_id(model_card), self.model_card_data)
 
-    def _sync_module_prompts(self) -> None:
-        """One prompt per role everywhere: the module (whose ``set_context`` a plain SentenceTransformer route or
-        ``model[0]`` uses) gets the model's query/document prompts ("" when the model has none)."""
-        module = self.contextual_module
-        prompts = self.prompts or {}
-        module.query_prompt = prompts.get("query", "")
-        module.document_prompt = prompts.get("document", "")
+    def encode(self, *args, **kwargs):
+        """sentence-transformers' ``encode``, with the context of this call as ``context_vectors=`` (first-stage
+        vectors, (n <= J, hidden_size)) or under the released models' name for it, ``dataset_embeddings=``."""
+        if "dataset_embeddings" in kwargs:
+            if "context_vectors" in kwargs:
+                raise TypeError("encode() got both context_vectors= and dataset_embeddings= (its alias); pass one.")
+            kwargs["context_vectors"] = kwargs.pop("dataset_embeddings")
+        return super().encode(*args, **kwargs)
 
     def _multi_process(self, inputs, *args, **kwargs):
         # Worker processes hold a copy of the model made when the pool started: hand them the *current* context
         # explicitly (an empty one for none), so a context set or cleared later never goes stale in the pool.
-        if "dataset_embeddings" not in kwargs:
+        if "context_vectors" not in kwargs:
             module = self.contextual_module
             module.refresh_context()  # the workers get the vectors of the current first stage
             if module.context_vectors is not None:
-                kwargs["dataset_embeddings"] = module.context_vectors.detach().cpu()
+                kwargs["context_vectors"] = module.context_vectors.detach().cpu()
             else:
                 module.warn_null_context()
-                kwargs["dataset_embeddings"] = torch.zeros(0, module.hidden_size)
+                kwargs["context_vectors"] = torch.zeros(0, module.hidden_size)
         return super()._multi_process(inputs, *args, **kwargs)
 
     @property
@@ -277,8 +277,6 @@ class ContextualSentenceTransformer(SentenceTransformer):
         """Sample J documents of ``context`` (seeded, without replacement; tiled only if fewer than J), prefix them
         with the document prompt (or ``prompt``), embed them with the first stage once and cache the vectors.
         ``context`` may instead be precomputed first-stage vectors of shape (n <= J, hidden_size)."""
-        if prompt is None and not isinstance(context, (torch.Tensor, np.ndarray)):
-            prompt = context_prompt(self)
         return set_context(
             self, context, seed=seed, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar
         )
@@ -287,9 +285,7 @@ class ContextualSentenceTransformer(SentenceTransformer):
         self, corpus: Sequence[str], seed: int = 0, prompt: str | None = None, batch_size: int = 32
     ) -> torch.Tensor:
         """First-stage vectors (J, hidden_size) of a corpus sample, without making them active; pass them as
-        ``dataset_embeddings=`` to ``encode`` or to :meth:`set_context`."""
-        if prompt is None:
-            prompt = context_prompt(self)
+        ``context_vectors=`` to ``encode`` or to :meth:`set_context`."""
         return self.contextual_module.embed_context(corpus, seed=seed, prompt=prompt, batch_size=batch_size)[0]
 
     def clear_context(self) -> None:

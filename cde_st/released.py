@@ -29,17 +29,22 @@ code rotate along the sequence, which is what the model was trained with; cde_st
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import hf_hub_download
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, ModernBertConfig, NomicBertConfig
 
-from cde_st.modules.contextual_transformer import ContextualTransformer, _resolve_dtype, split_model_kwargs
+from cde_st.modules.contextual_config import ContextualConfig
+from cde_st.modules.contextual_transformer import ContextualTransformer
 from cde_st.modules.integrity import STAGES, check_finite, check_state_dict, check_tokenizer, tokenizer_source
+from cde_st.modules.loading_options import resolve_dtype, split_model_kwargs
+from cde_st.prompts import DEFAULT_PROMPTS
 
 #: Short names a user may type for the released models.
 ALIASES = {
@@ -47,8 +52,8 @@ ALIASES = {
     "cde-small-v1": "jxm/cde-small-v1",
     "cde-small-v2": "jxm/cde-small-v2",
 }
-#: The prompts the released models were trained with.
-PROMPTS = {"query": "search_query: ", "document": "search_document: "}
+#: The prompts the released models were trained with (cde_st's defaults are these).
+PROMPTS = dict(DEFAULT_PROMPTS)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 #: Beside the released files, a folder may hold the backbone's config (the parity fixtures do).
@@ -114,8 +119,6 @@ def _fetch(
         if not path.is_file():
             raise ReleasedCheckpointError(f"{path} is missing: a released CDE folder needs {filename}.")
         return str(path)
-    from huggingface_hub import hf_hub_download
-
     try:
         return hf_hub_download(
             repo_or_folder,
@@ -201,8 +204,8 @@ def _nomic_config(raw: dict) -> NomicBertConfig:
     )
 
 
-def module_config(cde: dict, model_type: str) -> dict[str, Any]:
-    """ContextualTransformer fields reproducing a released model, from its ``config.json`` and backbone type.
+def module_config(cde: dict, model_type: str) -> ContextualConfig:
+    """The :class:`ContextualConfig` reproducing a released model, from its ``config.json`` and backbone type.
 
     Raises :class:`ReleasedCheckpointError` for research-code options the releases do not use (and cde_st does
     not implement), naming the field."""
@@ -227,7 +230,7 @@ def module_config(cde: dict, model_type: str) -> dict[str, Any]:
         positions = "sequence_except_context" if cde.get("disable_transductive_rotary_embedding") else "sequence"
     else:
         positions = "sequence"
-    return dict(
+    return ContextualConfig(
         context_size=int(cde["transductive_corpus_size"]),
         max_seq_length=int(cde.get("max_seq_length", 512)),
         sequence_dropout=float(cde.get("transductive_sequence_dropout_prob", 0.0)),
@@ -236,8 +239,6 @@ def module_config(cde: dict, model_type: str) -> dict[str, Any]:
         first_stage_residual=False,
         first_stage_norm=False,
         output_head="residual_mlp" if v2_code else "mlp",
-        query_prompt=PROMPTS["query"],
-        document_prompt=PROMPTS["document"],
         attn_implementation="sdpa",
         soft_prompt_tokens=_SOFT_PROMPT_TOKENS,
         prefix_positions=positions,
@@ -351,7 +352,7 @@ def load_released(
         raise ReleasedCheckpointError(
             f"{name}/{CONFIG_FILE} has no transductive_corpus_size/embedder fields: not a released CDE model."
         )
-    dtype = _resolve_dtype(dtype, cde)  # "auto": the dtype config.json records
+    dtype = resolve_dtype(dtype, cde)  # "auto": the dtype config.json records
     embedder = cde["embedder"]
     folder = Path(name).expanduser() if Path(name).expanduser().is_dir() else None
     backbone_hub = dict(cache_folder=cache_folder, token=token, local_files_only=local_files_only)
@@ -394,16 +395,16 @@ def load_released(
                 "Pass tokenizer= (a folder or name), or put the tokenizer files beside the released files."
             ) from err
 
-    fields = module_config(cde, config.model_type)
+    settings = module_config(cde, config.model_type)
     weights_path = _fetch(name, WEIGHTS_FILE, **hub)
     try:
         reference = load_file(weights_path)
     except Exception as err:
         raise ReleasedCheckpointError(f"{weights_path} could not be read as safetensors: {err}") from err
     if attn_implementation is not None:
-        fields["attn_implementation"] = attn_implementation
+        settings = dataclasses.replace(settings, attn_implementation=attn_implementation)
     try:
-        module = ContextualTransformer(config, copy.deepcopy(config), tokenizer, **fields)
+        module = ContextualTransformer(config, copy.deepcopy(config), tokenizer, settings)
     except ValueError as err:  # e.g. an attention implementation that cannot run these settings
         raise ReleasedCheckpointError(f"{name}: {err}") from None
     module.attn_implementation = "sdpa"  # a load-time choice: a converted folder records the released setting

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 #: Metadata keys of ``model.safetensors`` written by :meth:`ContextualTransformer.save`.
@@ -210,3 +212,44 @@ def check_finite(module: nn.Module, weights: str) -> None:
             f"{weights} holds NaN or infinite values in {len(bad)} tensor(s): {bad[:5]}. The training run that wrote "
             "it diverged or the file is damaged; load an earlier checkpoint."
         )
+
+
+def corrupt_file_error(path: str | None, exc: Exception) -> ValueError:
+    """The error for a file that exists but cannot be read (an interrupted download or copy)."""
+    return ValueError(
+        f"{path} is corrupt or truncated and cannot be read ({type(exc).__name__}: {exc}). Copy or save the model "
+        "again (an interrupted download or copy leaves a partial file)."
+    )
+
+
+def load_checked_weights(module: nn.Module, weights: str | None, config_path: str, tokenizer_dir: str | None) -> None:
+    """Load ``model.safetensors`` (or ``pytorch_model.bin``) into the contextual module built from ``config_path``,
+    once the folder is known to be whole: the encoder configs the weights were saved with, every tensor's name and
+    shape, the tokenizer against the embedding tables, finite values."""
+    if weights is None:
+        folder = os.path.dirname(config_path)
+        raise FileNotFoundError(
+            f"{folder} has no model.safetensors (or pytorch_model.bin) beside {os.path.basename(config_path)}: "
+            "the weights are missing. Copy them from where the model was saved."
+        )
+    try:
+        if weights.endswith(".safetensors"):
+            with safe_open(weights, framework="pt") as f:
+                metadata = f.metadata() or {}
+                state = {key: f.get_tensor(key) for key in f.keys()}
+        else:
+            metadata, state = {}, torch.load(weights, map_location="cpu", weights_only=True)
+    except (SafetensorError, EOFError, pickle.UnpicklingError) as exc:
+        raise corrupt_file_error(weights, exc) from None
+    check_recorded_configs(module, metadata, weights, config_path)
+    check_state_dict(module, {key: tuple(t.shape) for key, t in state.items()}, weights, config_path)
+    recorded = metadata.get(META_TOKENIZER_SIZE)
+    check_tokenizer(
+        module.tokenizer,
+        {stage: getattr(module, stage).get_input_embeddings().num_embeddings for stage in STAGES},
+        tokenizer_source(tokenizer_dir),
+        weights,
+        int(recorded) if recorded is not None else None,
+    )
+    module.load_state_dict(state, strict=False)  # strict in effect: check_state_dict compared every name
+    check_finite(module, weights)
