@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cde_st.batching.clustering import _faiss_use_gpu, cluster_pairs
-from cde_st.modules.contextual_transformer import _resolve_attn_implementation
+from cde_st.modules.encoders import resolve_attn_implementation
 
 
 def _pairs(n: int = 60, dim: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -102,7 +102,7 @@ def flash_attn(monkeypatch):
 def test_auto_never_picks_flash_attention_it_cannot_run(flash_attn, monkeypatch):
     flash_attn(False)
     monkeypatch.setattr(torch, "get_default_dtype", lambda: torch.bfloat16)
-    assert _resolve_attn_implementation("auto") == "sdpa"
+    assert resolve_attn_implementation("auto") == "sdpa"
 
 
 def test_flash_without_the_package_names_it(flash_attn, monkeypatch, tiny_bert_dir):
@@ -122,7 +122,7 @@ def test_flash_without_the_package_names_it(flash_attn, monkeypatch, tiny_bert_d
 def test_flash_without_cuda_names_the_device(flash_attn):
     flash_attn(True)
     with pytest.raises(ImportError, match=r"needs a CUDA device \(torch.cuda.is_available\(\) is False") as info:
-        _resolve_attn_implementation("flash_attention_2")
+        resolve_attn_implementation("flash_attention_2")
     assert "flash-attn package" not in str(info.value)
 
 
@@ -139,13 +139,13 @@ def test_flash_attention_with_text_scoped_sliding_windows_is_refused():
     """flash-attention ignores masks: ModernBERT's sliding-window layers would drop the whole-prefix rule."""
     from transformers import ModernBertConfig
 
-    from cde_st.modules.contextual_transformer import _check_flash_attention
+    from cde_st.modules.contextual_config import check_flash_attention
 
     config = ModernBertConfig(num_hidden_layers=3, global_attn_every_n_layers=3)
     assert "sliding_attention" in config.layer_types
     config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="local_attention_scope"):
-        _check_flash_attention(config, "text", split_attention=False)
-    _check_flash_attention(config, "sequence", split_attention=False)  # the released rule: what flash does
+        check_flash_attention(config, "text", split_attention=False)
+    check_flash_attention(config, "sequence", split_attention=False)  # the released rule: what flash does
     config._attn_implementation = "sdpa"
-    _check_flash_attention(config, "text", split_attention=False)
+    check_flash_attention(config, "text", split_attention=False)

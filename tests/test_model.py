@@ -34,15 +34,15 @@ def _vectors(model, n, seed=0):
 def test_context_permutation_invariance(make_tiny_cde):
     model = make_tiny_cde(context_size=8)
     ctx = _vectors(model, 8)
-    a = model.encode_document(DOCS, dataset_embeddings=ctx)
-    b = model.encode_document(DOCS, dataset_embeddings=ctx[torch.randperm(8)])
+    a = model.encode_document(DOCS, context_vectors=ctx)
+    b = model.encode_document(DOCS, context_vectors=ctx[torch.randperm(8)])
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_different_contexts_give_different_embeddings(make_tiny_cde):
     model = make_tiny_cde(context_size=8)
-    a = model.encode_document(DOCS, dataset_embeddings=_vectors(model, 8, seed=0))
-    b = model.encode_document(DOCS, dataset_embeddings=_vectors(model, 8, seed=1))
+    a = model.encode_document(DOCS, context_vectors=_vectors(model, 8, seed=0))
+    b = model.encode_document(DOCS, context_vectors=_vectors(model, 8, seed=1))
     assert np.abs(a - b).max() > 1e-3
     model.set_context(DOCS[:5], seed=0)
     c = model.encode_document(DOCS)
@@ -118,7 +118,7 @@ def test_pooling_ignores_context_tokens(make_tiny_cde):
     module = model.contextual_module
     features = module.preprocess(DOCS[:4])
     with torch.inference_mode():
-        out = module(dict(features), dataset_embeddings=_vectors(model, 8))
+        out = module(dict(features), context_vectors=_vectors(model, 8))
     tokens, mask = out["token_embeddings"], features["attention_mask"]
     assert tokens.shape[:2] == features["input_ids"].shape  # context rows are dropped before pooling
     manual = (tokens * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
@@ -132,7 +132,7 @@ def test_include_prompt_false_excludes_prompt_tokens(make_tiny_cde):
     pl = features["prompt_length"]
     assert pl == len(module.tokenizer("search_document: ")["input_ids"]) - 1
     with torch.inference_mode():
-        out = module(dict(features), dataset_embeddings=_vectors(model, 4))
+        out = module(dict(features), context_vectors=_vectors(model, 4))
     mask = features["attention_mask"].clone()
     mask[:, :pl] = 0
     manual = (out["token_embeddings"] * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
@@ -153,8 +153,8 @@ def test_context_sizes(make_tiny_cde, context_size):
         few = _vectors(model, 3)
         padded = torch.cat([few, module.null_vector.detach().expand(context_size - 3, -1)])
         np.testing.assert_allclose(
-            model.encode_document(DOCS[:3], dataset_embeddings=few),
-            model.encode_document(DOCS[:3], dataset_embeddings=padded),
+            model.encode_document(DOCS[:3], context_vectors=few),
+            model.encode_document(DOCS[:3], context_vectors=padded),
             atol=1e-6,
         )
 
@@ -179,14 +179,18 @@ def test_set_context_sampling_is_seeded_and_without_replacement(make_tiny_cde):
     assert model.set_context(DOCS, seed=0, prompt="").fingerprint != a
 
 
-def test_dataset_embeddings_override_matches_set_context(make_tiny_cde):
+def test_context_vectors_override_matches_set_context(make_tiny_cde):
     model = make_tiny_cde(context_size=8)
     vectors = model.embed_context(DOCS, seed=2)
     assert vectors.shape == (8, 32)
     model.set_context(DOCS, seed=2)
     active = model.encode_document(DOCS)
     model.set_context(DOCS[:2], seed=0)  # a different active context is overridden per call
-    np.testing.assert_allclose(model.encode_document(DOCS, dataset_embeddings=vectors), active, atol=1e-6)
+    np.testing.assert_allclose(model.encode_document(DOCS, context_vectors=vectors), active, atol=1e-6)
+    # the released models' name for the same argument
+    np.testing.assert_allclose(model.encode(DOCS, dataset_embeddings=vectors), active, atol=1e-6)
+    with pytest.raises(TypeError, match="both context_vectors= and dataset_embeddings="):
+        model.encode(DOCS, context_vectors=vectors, dataset_embeddings=vectors)
     model.set_context(vectors)
     assert model.context_info.source == "vectors"
     np.testing.assert_allclose(model.encode_document(DOCS), active, atol=1e-6)
@@ -198,11 +202,11 @@ def test_sequence_dropout_only_in_training(make_tiny_cde):
     ctx = _vectors(model, 8)
     features = module.preprocess(DOCS[:2])
     with torch.no_grad():
-        evald = module(dict(features), dataset_embeddings=ctx)["sentence_embedding"]
-        null = module(dict(features), dataset_embeddings=module.null_vector.expand(8, -1))["sentence_embedding"]
+        evald = module(dict(features), context_vectors=ctx)["sentence_embedding"]
+        null = module(dict(features), context_vectors=module.null_vector.expand(8, -1))["sentence_embedding"]
         module.train()
         torch.manual_seed(0)
-        dropped = module(dict(features), dataset_embeddings=ctx)["sentence_embedding"]
+        dropped = module(dict(features), context_vectors=ctx)["sentence_embedding"]
         module.eval()
     torch.testing.assert_close(dropped, null, atol=1e-5, rtol=1e-5)
     assert (evald - null).abs().max() > 1e-3
@@ -219,7 +223,7 @@ def test_bad_inputs_raise_clear_errors(make_tiny_cde):
     with pytest.raises(ValueError, match=r"shape \(n, 32\)"):
         model.set_context(torch.zeros(4, 16))
     with pytest.raises(ValueError, match=r"shape \(n, 32\)"):
-        model.encode_document(DOCS, dataset_embeddings=torch.zeros(32))
+        model.encode_document(DOCS, context_vectors=torch.zeros(32))
     with pytest.raises(ValueError, match="NaN"):
         model.set_context(torch.full((4, 32), float("nan")))
     with pytest.raises(ValueError, match="context_size=4"):
@@ -339,7 +343,7 @@ def test_context_follows_first_stage_changes(make_tiny_cde, tmp_path):
     assert not torch.allclose(old, fresh)
     assert torch.allclose(module.context_vectors, fresh, atol=1e-6)  # recomputed from the same documents
     assert model.context_info.fingerprint == info.fingerprint
-    np.testing.assert_allclose(got, model.encode_document(DOCS[:3], dataset_embeddings=fresh), atol=1e-6)
+    np.testing.assert_allclose(got, model.encode_document(DOCS[:3], context_vectors=fresh), atol=1e-6)
     # saved with its documents: after loading and changing the first stage again, it is re-embedded again
     model.save(str(tmp_path / "m"))
     loaded = ContextualSentenceTransformer(str(tmp_path / "m"))

@@ -40,10 +40,11 @@ def _module_outputs(module: ContextualTransformer, expected: dict[str, torch.Ten
     out = {}
     with torch.no_grad():
         context = {k: expected[f"context.{k}"] for k in ("input_ids", "attention_mask")}
+        # "dataset_embeddings": the reference fixture's (the research code's) name for the context vectors
         out["dataset_embeddings"] = module.embed_context_features(context)
         for name in ("query", "doc", "edge"):
             features = {k: expected[f"{name}.{k}"] for k in ("input_ids", "attention_mask")}
-            raw = module(features, dataset_embeddings=out["dataset_embeddings"])["sentence_embedding"]
+            raw = module(features, context_vectors=out["dataset_embeddings"])["sentence_embedding"]
             out[f"{name}_embeddings"] = raw
             out[f"{name}_embeddings_normalized"] = torch.nn.functional.normalize(raw, dim=-1)
     out["scores"] = out["query_embeddings_normalized"] @ out["doc_embeddings_normalized"].T
@@ -117,8 +118,8 @@ def test_convert_command(fixture_dir, inputs, tmp_path):
     converted = ContextualSentenceTransformer(str(dst))
     original = ContextualSentenceTransformer(str(fixture_dir / "v1"))
     ctx = original.embed_context(inputs["context_docs"])
-    a = converted.encode_document(inputs["documents"], dataset_embeddings=ctx)
-    b = original.encode_document(inputs["documents"], dataset_embeddings=ctx)
+    a = converted.encode_document(inputs["documents"], context_vectors=ctx)
+    b = original.encode_document(inputs["documents"], context_vectors=ctx)
     assert np.abs(a - b).max() == 0
     refused = subprocess.run(
         [sys.executable, "-m", "cde_st.cli", "convert", str(fixture_dir / "v1"), str(dst)],
@@ -137,7 +138,7 @@ def test_small_corpus_and_short_context_are_tiled(fixture_dir, inputs):
     tiled = model.encode_document(inputs["documents"])
     vectors = model.embed_context(three)  # already tiled to 8 rows
     assert vectors.shape[0] == 8
-    short = model.encode_document(inputs["documents"], dataset_embeddings=model.embed_context(three)[:3])
+    short = model.encode_document(inputs["documents"], context_vectors=model.embed_context(three)[:3])
     np.testing.assert_allclose(short, tiled, atol=1e-6)
 
 
@@ -233,7 +234,7 @@ def test_real_size_configs_build_offline(fixture_dir, version, raw, expected_mil
     config = backbone_config(raw)
     tokenizer = AutoTokenizer.from_pretrained(str(fixture_dir / version), trust_remote_code=False)
     with torch.device("meta"):
-        module = ContextualTransformer(config, config, tokenizer, **module_config(cde, config.model_type))
+        module = ContextualTransformer(config, config, tokenizer, module_config(cde, config.model_type))
     assert module.context_size == 512
     # the reference parameters; cde_st adds one null vector (768) of its own
     reference = sum(p.numel() for n, p in module.named_parameters() if n != "null_vector")
@@ -270,11 +271,11 @@ def test_rotary_backbone_own_mode(tiny_rotary_dir, inputs, tmp_path):
     model.eval()
     docs = inputs["documents"]
     ctx = torch.randn(8, model.contextual_module.hidden_size, generator=torch.Generator().manual_seed(0))
-    a = model.encode_document(docs, dataset_embeddings=ctx)
-    b = model.encode_document(docs, dataset_embeddings=ctx[torch.randperm(8)])
+    a = model.encode_document(docs, context_vectors=ctx)
+    b = model.encode_document(docs, context_vectors=ctx[torch.randperm(8)])
     np.testing.assert_allclose(a, b, atol=1e-5)  # the context is a set: no positions for context rows
-    assert np.abs(a - model.encode_document(docs, dataset_embeddings=ctx[:3])).max() > 1e-4
-    alone = np.stack([model.encode_document([d], dataset_embeddings=ctx)[0] for d in docs])
+    assert np.abs(a - model.encode_document(docs, context_vectors=ctx[:3])).max() > 1e-4
+    alone = np.stack([model.encode_document([d], context_vectors=ctx)[0] for d in docs])
     np.testing.assert_allclose(alone, a, atol=1e-5)  # padding and batch mates do not leak
     model.set_context(inputs["context_docs"])
     before = model.encode_query(inputs["queries"])
@@ -334,13 +335,13 @@ def test_rotary_backbone_zero_gate_is_the_encoder(tiny_rotary_dir, inputs, atten
         expected = (hidden * mask).sum(1) / mask.sum(1)
     ctx = torch.randn(8, module.hidden_size, generator=torch.Generator().manual_seed(0))
     for context in (ctx, ctx[:3], None):
-        kwargs = {} if context is None else {"dataset_embeddings": context}
+        kwargs = {} if context is None else {"context_vectors": context}
         got = model.encode(inputs["documents"], convert_to_tensor=True, **kwargs)
         assert (got - expected).abs().max() <= 1e-5
     with torch.no_grad():
         module.gates.fill_(0.5)
     assert (
-        model.encode(inputs["documents"], convert_to_tensor=True, dataset_embeddings=ctx) - expected
+        model.encode(inputs["documents"], convert_to_tensor=True, context_vectors=ctx) - expected
     ).abs().max() > 1e-4
 
 

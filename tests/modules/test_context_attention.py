@@ -70,7 +70,7 @@ def test_cached_mode_equals_uncached_computation(make_tiny_cde, num_context):
     first = model.encode(DOCS, convert_to_tensor=True)  # builds the cache
     assert model.contextual_module.context_cache_bytes() > 0
     second = model.encode(DOCS, convert_to_tensor=True, batch_size=2)  # reuses it
-    per_call = model.encode(DOCS, convert_to_tensor=True, dataset_embeddings=context) if num_context else first
+    per_call = model.encode(DOCS, convert_to_tensor=True, context_vectors=context) if num_context else first
     assert (first - expected).abs().max() <= 1e-5
     assert (second - first).abs().max() <= 1e-6
     assert (per_call - first).abs().max() <= 1e-6
@@ -114,9 +114,9 @@ def test_context_mask_cached_equals_uncached_computation(make_tiny_cde):
     features = module.preprocess(DOCS)
     with torch.no_grad():
         expected = _uncached_reference(model, DOCS, context, context_mask=mask, prompt="")
-        got = module(dict(features), dataset_embeddings=context, context_mask=mask)["sentence_embedding"]
-        unmasked = module(dict(features), dataset_embeddings=context)["sentence_embedding"]
-        all_visible = module(dict(features), dataset_embeddings=context, context_mask=torch.ones_like(mask))
+        got = module(dict(features), context_vectors=context, context_mask=mask)["sentence_embedding"]
+        unmasked = module(dict(features), context_vectors=context)["sentence_embedding"]
+        all_visible = module(dict(features), context_vectors=context, context_mask=torch.ones_like(mask))
     assert (got - expected).abs().max() <= 1e-5
     assert (all_visible["sentence_embedding"] - unmasked).abs().max() <= 1e-6
     assert (got[0] - unmasked[0]).abs().max() <= 1e-6  # the first row sees every slot
@@ -147,8 +147,8 @@ def test_hidden_slot_does_not_reach_the_row(make_tiny_cde, mode):
     moved[3] += torch.randn(module.hidden_size, generator=gen)
     features = module.preprocess(DOCS)
     with torch.no_grad():
-        before = module(dict(features), dataset_embeddings=context, context_mask=mask)["sentence_embedding"]
-        after = module(dict(features), dataset_embeddings=moved, context_mask=mask)["sentence_embedding"]
+        before = module(dict(features), context_vectors=context, context_mask=mask)["sentence_embedding"]
+        after = module(dict(features), context_vectors=moved, context_mask=mask)["sentence_embedding"]
     change = (after - before).abs().max(dim=1).values
     hides = ~mask[:, 3]
     assert change[hides].max() <= 1e-6
@@ -166,14 +166,14 @@ def test_gated_row_that_hides_every_slot_reads_nothing(make_tiny_cde, attention)
     mask = torch.ones(2, 4, dtype=torch.bool)
     mask[1] = False
     features = module.preprocess(DOCS[:2])
-    out = module(dict(features), dataset_embeddings=context.requires_grad_(), context_mask=mask)["sentence_embedding"]
+    out = module(dict(features), context_vectors=context.requires_grad_(), context_mask=mask)["sentence_embedding"]
     out.sum().backward()
     assert torch.isfinite(context.grad).all() and all(
         torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None
     )
     with torch.no_grad():
         module.gates.zero_()
-        text_only = module(dict(features), dataset_embeddings=context.detach())["sentence_embedding"]
+        text_only = module(dict(features), context_vectors=context.detach())["sentence_embedding"]
     assert (out[1].detach() - text_only[1]).abs().max() <= 1e-5
     assert (out[0].detach() - text_only[0]).abs().max() > 1e-4
 
@@ -184,7 +184,7 @@ def test_context_mask_is_checked(make_tiny_cde):
     features = module.preprocess(DOCS[:2])
     context = torch.randn(3, module.hidden_size)
     with pytest.raises(ValueError, match="context_mask must be"):
-        module(dict(features), dataset_embeddings=context, context_mask=torch.ones(2, 4, dtype=torch.bool))
+        module(dict(features), context_vectors=context, context_mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="needs the context"):
         module(dict(features), context_mask=torch.ones(2, 3, dtype=torch.bool))
 
@@ -202,10 +202,10 @@ def test_context_layers_are_checked(make_tiny_cde):
 def test_cached_mode_contracts(make_tiny_cde, tmp_path):
     model = make_tiny_cde(context_size=8, context_attention="cached")
     ctx = torch.randn(8, model.contextual_module.hidden_size, generator=torch.Generator().manual_seed(0))
-    a = model.encode_document(DOCS, dataset_embeddings=ctx)
-    np.testing.assert_allclose(a, model.encode_document(DOCS, dataset_embeddings=ctx[torch.randperm(8)]), atol=1e-5)
-    assert np.abs(a - model.encode_document(DOCS, dataset_embeddings=ctx[:4])).max() > 1e-4
-    alone = np.stack([model.encode_document([d], dataset_embeddings=ctx)[0] for d in DOCS])
+    a = model.encode_document(DOCS, context_vectors=ctx)
+    np.testing.assert_allclose(a, model.encode_document(DOCS, context_vectors=ctx[torch.randperm(8)]), atol=1e-5)
+    assert np.abs(a - model.encode_document(DOCS, context_vectors=ctx[:4])).max() > 1e-4
+    alone = np.stack([model.encode_document([d], context_vectors=ctx)[0] for d in DOCS])
     np.testing.assert_allclose(alone, a, atol=1e-5)
     model.set_context(DOCS, seed=0)
     before = model.encode_query(DOCS)
@@ -229,7 +229,7 @@ def test_cache_follows_context_and_weights(make_tiny_cde):
     model.train()  # a training step invalidates the cache ...
     model.eval()
     c = model.encode(DOCS)
-    fresh = model.encode(DOCS, dataset_embeddings=module.context_vectors)
+    fresh = model.encode(DOCS, context_vectors=module.context_vectors)
     np.testing.assert_allclose(c, fresh, atol=1e-6)  # ... so the cache matches the new weights
     module.load_state_dict(module.state_dict())
     assert module.context_cache_bytes() == 0
@@ -244,11 +244,11 @@ def test_zero_gate_is_exactly_the_encoder(make_tiny_cde, attention):
     expected = plain.encode(DOCS)
     for n in (0, 3, 8):
         ctx = torch.randn(n, module.hidden_size, generator=torch.Generator().manual_seed(n))
-        got = model.encode(DOCS, dataset_embeddings=ctx) if n else model.encode(DOCS)
+        got = model.encode(DOCS, context_vectors=ctx) if n else model.encode(DOCS)
         assert np.abs(got - expected).max() <= 1e-5
     with torch.no_grad():
         module.gates.fill_(0.5)
-    assert np.abs(model.encode(DOCS, dataset_embeddings=ctx) - expected).max() > 1e-4
+    assert np.abs(model.encode(DOCS, context_vectors=ctx) - expected).max() > 1e-4
 
 
 def test_gate_gets_gradient_at_zero(make_tiny_cde):
@@ -257,7 +257,7 @@ def test_gate_gets_gradient_at_zero(make_tiny_cde):
     module.train()
     features = module.preprocess(DOCS)
     ctx = torch.randn(8, module.hidden_size, generator=torch.Generator().manual_seed(0))
-    out = module(features, dataset_embeddings=ctx)["sentence_embedding"]
+    out = module(features, context_vectors=ctx)["sentence_embedding"]
     out.pow(2).sum().backward()
     assert module.gates.grad is not None and module.gates.grad.abs().sum() > 0
 
@@ -280,5 +280,5 @@ def test_gated_minilm_starts_as_minilm(minilm):
         model.set_context(DOCS[:3])  # partial: 3 real documents tiled to 8 slots
         assert np.abs(model.encode(DOCS) - expected).max() <= 1e-5
         partial = model.embed_context(DOCS)[:5]  # 5 real vectors + 3 null slots
-        got = model.encode(DOCS, dataset_embeddings=partial)
+        got = model.encode(DOCS, context_vectors=partial)
         assert np.abs(got - expected).max() <= 1e-5

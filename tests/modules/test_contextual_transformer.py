@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from sentence_transformers import SentenceTransformer
 
 from cde_st import ContextualSentenceTransformer
-from cde_st.modules.contextual_transformer import CONTEXT_FILE, ContextualTransformer
+from cde_st.modules import ContextualTransformer
+from cde_st.modules.context_state import CONTEXT_FILE
 
 DOCS = [
     "The cat sat on the mat.",
@@ -111,7 +112,7 @@ def test_load_module_directly_still_works(saved_cde):
     assert module.context_info is not None and module.context_vectors.shape == (4, 32)
 
 
-# ---------------------------------------------------------------- 2. dataset_embeddings that require grad
+# ---------------------------------------------------------------- 2. context_vectors that require grad
 @pytest.mark.parametrize(
     ("vectors", "match"),
     [
@@ -121,18 +122,18 @@ def test_load_module_directly_still_works(saved_cde):
     ],
     ids=["nan", "too_many_rows", "wrong_width"],
 )
-def test_dataset_embeddings_requiring_grad_are_validated(make_tiny_cde, vectors, match):
+def test_context_vectors_requiring_grad_are_validated(make_tiny_cde, vectors, match):
     module = make_tiny_cde(context_size=4).contextual_module
     features = module.preprocess(DOCS[:2])
     with pytest.raises(ValueError, match=match):
-        module(dict(features), dataset_embeddings=vectors.requires_grad_(True))
+        module(dict(features), context_vectors=vectors.requires_grad_(True))
 
 
-def test_dataset_embeddings_gradient_still_flows(make_tiny_cde):
+def test_context_vectors_gradient_still_flows(make_tiny_cde):
     module = make_tiny_cde(context_size=4).contextual_module
     features = module.preprocess(DOCS[:2])
     vectors = torch.randn(3, 32, requires_grad=True)
-    module(dict(features), dataset_embeddings=vectors)["sentence_embedding"].sum().backward()
+    module(dict(features), context_vectors=vectors)["sentence_embedding"].sum().backward()
     assert vectors.grad is not None and vectors.grad.abs().sum() > 0
 
 
