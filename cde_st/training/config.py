@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from cde_st.modules.contextual_transformer import ContextualTransformer
+from cde_st.modules.contextual_config import ContextualConfig
 from cde_st.training.coercion import coerce
 
 
@@ -89,13 +89,14 @@ def _range_problem(key: str, value: Any) -> str | None:
 
 
 def _checked_model_config(values: dict[str, Any]) -> dict[str, Any]:
-    """``model_config`` checked against :class:`ContextualTransformer`'s arguments and coerced to their types: known
+    """``model_config`` checked against the fields of :class:`~cde_st.modules.ContextualConfig` (the architecture of
+    the contextual module, :class:`~cde_st.modules.ContextualTransformer`) and coerced to their types: known
     names, the right types (a string ``"false"`` is not a boolean, 2.5 is not an int), and no option that has a
     TrainConfig field of its own. A ``TypeError`` says what is wrong."""
     own = {"context_size": "context_size", "max_seq_length": "max_seq_length"}
     own.update(query_prompt="query_prompt", document_prompt="document_prompt")
-    hints = typing.get_type_hints(ContextualTransformer.__init__)
-    allowed = [k for k in ContextualTransformer.config_keys if k not in own]
+    hints = typing.get_type_hints(ContextualConfig)
+    allowed = [f.name for f in dataclasses.fields(ContextualConfig) if f.name not in own]
     checked = {}
     for key, value in values.items():
         if key in own:
