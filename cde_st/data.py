@@ -140,6 +140,9 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "title": (str,),
     "score": (int, float),
     "label": (int, str),
+    "query": (str,),
+    "document": (str,),
+    "domain": (str,),
 }
 
 

@@ -168,7 +168,7 @@ class ContextualModelCardData(SentenceTransformerModelCardData):
             _LOADING,
             "",
             f"Prompts ({prompt_lines or 'none'}) are applied by `encode_query` / `encode_document`; other "
-            "libraries must be given them (see the cde_st README, *Use with ...*).",
+            "libraries must be given them (see the cde_st docs, docs/integrations.md).",
             "",
             "```python",
             *lines,

@@ -49,7 +49,7 @@ def test_trust_remote_code_route_imports_the_planted_file(make_tiny_cde, tmp_pat
     env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "hf_modules"), HF_HUB_OFFLINE="1")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert marker.exists(), "sentence-transformers no longer imports cde_st.py from the folder: update the README"
+    assert marker.exists(), "sentence-transformers no longer imports cde_st.py from the folder: update docs/models.md"
 
 
 DOCS = [f"document {i} about {topic}" for i, topic in enumerate(["cats", "rain", "planets", "tea"] * 2)]

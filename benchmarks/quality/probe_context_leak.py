@@ -80,7 +80,7 @@ def held_out_batches(folder: str, split: str, batch_size: int, seed: int):
 def score(model, queries, positives, context_docs, temperature):
     kwargs = {}
     if is_contextual(model):
-        kwargs["dataset_embeddings"] = model.contextual_module.embed_context_texts(context_docs, batch_size=32)
+        kwargs["context_vectors"] = model.contextual_module.embed_context_texts(context_docs, batch_size=32)
     q = model.encode(queries, convert_to_tensor=True, normalize_embeddings=True, **kwargs)
     d = model.encode(positives, convert_to_tensor=True, normalize_embeddings=True, **kwargs)
     sims = q @ d.T

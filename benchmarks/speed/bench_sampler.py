@@ -310,7 +310,7 @@ def main() -> None:
     parser.add_argument("--synthetic-cluster-sizes", type=int, nargs="+", default=[1024, 512])
     parser.add_argument("--niter", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "RESULTS_sampler.md")
+    parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "speed" / "RESULTS_sampler.md")
     parser.add_argument("--static", action="store_true", help="measure the static surrogate (sections 4-5) only")
     parser.add_argument("--static-rows", type=int, default=1_000_000, help="pairs of the end-to-end run")
     parser.add_argument("--static-cluster-size", type=int, default=1024, help="cluster size of the end-to-end run")

@@ -96,7 +96,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             from ``surrogate`` by model2vec (once, kept under ``$CDE_ST_CACHE/surrogates``, default
             ``~/.cache/cde_st/surrogates``), fitted to ``surrogate`` on ``static_fit_pairs`` random pairs and reduced
             to ``static_dims`` dimensions (:func:`~cde_st.batching.fit_static_surrogate`): about as hard batches,
-            in minutes instead of hours for a million pairs (benchmarks/RESULTS_sampler.md).
+            in minutes instead of hours for a million pairs (benchmarks/speed/RESULTS_sampler.md).
         static_fit_pairs: pairs the transformer embeds to fit the static surrogate (0: no transformer at all;
             measurably easier batches).
         static_dims: dimensions of the static surrogate's embeddings, i.e. of k-means (PCA).

@@ -2,7 +2,7 @@
 
 A text is the (projected) mean of its tokens' rows in a token table: no attention, so embedding is tokenisation
 plus a table look-up, one to two orders of magnitude faster on a CPU than a transformer (numbers in
-``benchmarks/RESULTS_sampler.md``). The table comes from a transformer distilled with model2vec (Tulkens & van
+``benchmarks/speed/RESULTS_sampler.md``). The table comes from a transformer distilled with model2vec (Tulkens & van
 Dongen, 2024, https://github.com/MinishLab/model2vec); :meth:`StaticSurrogate.fit_to` adapts it to that
 transformer's embeddings of the data to be clustered. Distilling, caching and fitting one for a dataset is
 :mod:`cde_st.batching.surrogate`'s job; this module is the model itself and needs no model2vec.

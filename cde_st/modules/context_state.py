@@ -277,7 +277,9 @@ class ContextState:
             )
         if not torch.isfinite(vectors.detach()).all():
             raise ValueError("Context vectors contain NaN or infinite values.")
-        return vectors.float()  # differentiable: vectors that require grad (training) keep their gradient path
+        # float32 at least (half-precision vectors are widened); float64 stays float64 so a float64 model is not
+        # rounded through float32. Differentiable: vectors that require grad (training) keep their gradient path.
+        return vectors if vectors.dtype == torch.float64 else vectors.float()
 
     def warn_null_context(self, stacklevel: int | None = None) -> None:
         """Warn (once until a context is set) that encoding uses the null context."""

@@ -53,7 +53,7 @@ from cde_st.modules.owner_prompts import OwnerPrompts
 from cde_st.modules.source_pipeline import SourcePipeline, read_source_pipeline
 
 # What ContextualTransformer.from_encoder builds unless told otherwise: the `mini` training preset's recipe
-# (cde_st.training; docs/RESULTS.md, issues 11-12), which starts as its source encoder. ContextualConfig's own
+# (cde_st/training/presets/mini.yaml; docs/experiment_log.md, issues 11-12), which starts as its source encoder. ContextualConfig's own
 # defaults (joint attention, heads) stay those of the paper, so folders saved without these fields load unchanged.
 SOURCE_START: dict[str, Any] = {
     "context_attention": "cached",

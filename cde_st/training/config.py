@@ -137,7 +137,7 @@ class TrainConfig:
     surrogate: str | None = None  # clustering model; None: offline all-MiniLM-L6-v2; "tiny": the tiny base encoder
     # "transformer": `surrogate` embeds every pair. "static": a static model distilled from `surrogate` (model2vec,
     # once, cached) and fitted to it on 4,096 pairs embeds them: minutes instead of hours for 1M pairs on a CPU,
-    # slightly easier batches (benchmarks/RESULTS_sampler.md); needs pip install 'cde_st[fast-surrogate]'.
+    # slightly easier batches (benchmarks/speed/RESULTS_sampler.md); needs pip install 'cde_st[fast-surrogate]'.
     surrogate_kind: str = "transformer"
     # ---- loss
     filter_false_negatives: bool = True

@@ -455,7 +455,7 @@ def test_real_pairs_clustered_batches_are_harder_than_random(shared_data, minilm
         f"real-pairs hardness: clustered {clustered:.3f}, random {random:.3f}, random in domain {random_in_domain:.3f}"
     )
     # Measured here: clustered 0.122, random 0.022, random within domain 0.095 (all 31k pairs at batch size 64 and
-    # full length: 0.283 / 0.022 / 0.090, benchmarks/RESULTS_sampler.md).
+    # full length: 0.283 / 0.022 / 0.090, benchmarks/speed/RESULTS_sampler.md).
     assert clustered > random + 0.07
     assert clustered > random_in_domain + 0.01  # the clustering adds hardness beyond batching by domain
 

@@ -154,7 +154,7 @@ def test_save_after_a_fused_step_writes_the_current_context(make_tiny_cde, tmp_p
 
 
 def test_readme_trainer_recipe_leaves_a_current_context(make_tiny_cde, tmp_path):
-    """README "Training": SentenceTransformerTrainer with ClusteredBatchSampler and FilteredInfoNCELoss on a model
+    """docs/training.md: SentenceTransformerTrainer with ClusteredBatchSampler and FilteredInfoNCELoss on a model
     with a context set; the trainer's default optimizer is fused AdamW where available."""
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
