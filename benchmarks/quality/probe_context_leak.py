@@ -28,6 +28,7 @@ import time
 import torch
 
 from cde_st import ContextualSentenceTransformer, is_contextual
+from cde_st.data import document_text
 from cde_st.evaluation.local_tasks import load_retrieval_split
 from cde_st.training import TrainConfig, build_model
 
@@ -59,7 +60,7 @@ def held_out_batches(folder: str, split: str, batch_size: int, seed: int):
     """(queries, positives, other-corpus documents) per batch of ``batch_size`` judged queries."""
     data = load_retrieval_split(folder, split)
     corpus = data["corpus"]
-    docs = {i: (t + " " + x).strip() for i, t, x in zip(corpus["id"], corpus["title"], corpus["text"])}
+    docs = {i: document_text(t, x) for i, t, x in zip(corpus["id"], corpus["title"], corpus["text"])}
     qtext = dict(zip(data["queries"]["id"], data["queries"]["text"]))
     pairs = []
     for qid, rel in sorted(data["relevant_docs"].items()):

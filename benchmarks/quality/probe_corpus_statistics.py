@@ -32,6 +32,7 @@ import pytrec_eval
 import torch
 from sentence_transformers import SentenceTransformer
 
+from cde_st.data import document_text
 from cde_st.evaluation.local_tasks import load_retrieval_split
 
 
@@ -124,7 +125,7 @@ def main() -> None:
     splits = {s: load_retrieval_split(folder, s) for s in ("train", "test")}
     corpus = splits["test"]["corpus"]
     doc_ids = corpus["id"]
-    doc_texts = [f"{title} {text}".strip() for title, text in zip(corpus["title"], corpus["text"])]  # as mteb
+    doc_texts = [document_text(title, text) for title, text in zip(corpus["title"], corpus["text"])]
     model = SentenceTransformer(args.model, device="cpu")
     model.max_seq_length = args.max_seq_length
     start = time.time()

@@ -30,6 +30,7 @@ from sentence_transformers import SentenceTransformer  # noqa: E402
 
 from cde_st import ContextualSentenceTransformer  # noqa: E402
 from cde_st._defaults import default_surrogate_model_path  # noqa: E402
+from cde_st.data import document_text  # noqa: E402
 
 # benchmarks/speed/ -> the repository -> the shared data folder beside it (../shared)
 SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "retrieval" / "scifact"
@@ -37,7 +38,7 @@ SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "retr
 
 def scifact_docs() -> list[str]:
     with gzip.open(SCIFACT / "corpus.jsonl.gz", "rt", encoding="utf-8") as f:
-        return [(r["title"] + " " + r["text"]).strip() for r in map(json.loads, f)]
+        return [document_text(r.get("title"), r["text"]) for r in map(json.loads, f)]
 
 
 def scifact_queries() -> list[str]:
