@@ -7,23 +7,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from sample_texts import SHORT_DOCS
 from sentence_transformers import SentenceTransformer
 
 import cde_st
 from cde_st import ContextualSentenceTransformer
 
-DOCS = [
-    "The cat sat on the mat.",
-    "Rain forms when water vapour condenses into droplets.",
-    "Stocks fell sharply on Monday after the announcement.",
-    "Proteins fold into three-dimensional shapes that determine their function in the cell.",
-    "A short one.",
-    "Glaciers are retreating in most mountain ranges of the world.",
-    "The court ruled in favour of the plaintiff.",
-    "Neural networks learn representations from data.",
-    "Coffee contains caffeine.",
-    "The orchestra played Beethoven's ninth symphony to a full hall.",
-]
+DOCS = SHORT_DOCS
 
 
 def _vectors(model, n, seed=0):

@@ -19,24 +19,13 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytrec_eval
 import torch
+
+# the probe's scoring (same folder): one NDCG@10 and one renormalisation for both scripts
+from probe_corpus_statistics import ndcg_at_10, unit
 from sentence_transformers import SentenceTransformer
 
 from cde_st.data import load_beir
-
-
-def ndcg_at_10(queries: np.ndarray, docs: np.ndarray, query_ids, doc_ids, qrels) -> float:
-    scores = queries @ docs.T  # (Q, N) cosine: both unit length
-    k = min(100, scores.shape[1] - 1)
-    top = np.argpartition(-scores, k, axis=1)[:, : k + 1]
-    run = {q: {doc_ids[j]: float(scores[i, j]) for j in top[i]} for i, q in enumerate(query_ids)}
-    per_query = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(run)
-    return 100 * float(np.mean([v["ndcg_cut_10"] for v in per_query.values()]))
-
-
-def unit(x: np.ndarray) -> np.ndarray:
-    return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from sample_texts import TOPIC_DOCS
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.losses import (
     GISTEmbedLoss,
@@ -37,20 +38,7 @@ QUERIES = [
     "why is the sky blue",
     "what do pandas eat",
 ]
-DOCS = [
-    "Glaciers flow slowly downhill under their own weight, sliding over meltwater at their base.",
-    "Rain forms when water vapour in clouds condenses into droplets heavy enough to fall.",
-    "Leonardo da Vinci painted the Mona Lisa in the early sixteenth century.",
-    "Share prices drop when investors expect lower profits or higher interest rates.",
-    "Vaccines train the immune system to recognise a pathogen without causing the disease.",
-    "Photosynthesis converts light, water and carbon dioxide into sugar and oxygen in plants.",
-    "The Western Roman Empire ended in 476 when the last emperor was deposed.",
-    "Bees collect nectar from flowers and evaporate it in the hive to make honey.",
-    "A black hole is a region of space where gravity is so strong that not even light escapes.",
-    "A compiler translates source code into machine code through parsing, analysis and code generation.",
-    "Sunlight scatters off air molecules, and blue light scatters the most, so the sky looks blue.",
-    "Giant pandas eat almost nothing but bamboo, up to forty kilograms a day.",
-]
+DOCS = TOPIC_DOCS
 HARD_NEGATIVES = [DOCS[(i + 5) % len(DOCS)] + " Unrelated note." for i in range(len(DOCS))]
 # Duplicate tests: row 5 becomes a paraphrase of row 2's query, with row 2's document as its positive.
 DUPLICATE = 5

@@ -5,26 +5,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from sample_texts import TOPIC_DOCS
 
 from cde_st import contextual_module
 from cde_st.losses import batch_context
 from cde_st.prompts import DOCUMENT_PROMPT
 
-# Documents of varied lengths: some are cut at 8 tokens, some are not.
-DOCS = [
-    "Glaciers flow slowly downhill under their own weight, sliding over meltwater at their base.",
-    "Rain forms when water vapour in clouds condenses into droplets heavy enough to fall.",
-    "Leonardo da Vinci painted the Mona Lisa in the early sixteenth century.",
-    "Share prices drop when investors expect lower profits or higher interest rates.",
-    "Vaccines train the immune system to recognise a pathogen without causing the disease.",
-    "Photosynthesis converts light, water and carbon dioxide into sugar and oxygen in plants.",
-    "The Western Roman Empire ended in 476 when the last emperor was deposed.",
-    "Bees collect nectar from flowers and evaporate it in the hive to make honey.",
-    "A black hole is a region of space where gravity is so strong that not even light escapes.",
-    "A compiler translates source code into machine code through parsing, analysis and code generation.",
-    "Sunlight scatters off air molecules, and blue light scatters the most, so the sky looks blue.",
-    "Giant pandas eat almost nothing but bamboo, up to forty kilograms a day.",
-]
+DOCS = TOPIC_DOCS
 
 
 def test_batch_context_samples_truncates_and_trims(make_tiny_cde):
