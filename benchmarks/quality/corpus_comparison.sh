@@ -6,10 +6,12 @@
 #   ROW: a  zero-shot all-MiniLM-L6-v2 (no prefixes; no SEED)
 #        c  bi-encoder (--set model=biencoder; no prompts), scored without prefixes
 #        cp bi-encoder trained and scored with the contextual model's prompts (search_query: / search_document: )
-#        d  the preset as shipped (contextual, prompts), scored at J = 0, 16, 64 and 512
+#        d  the preset as shipped (contextual, prompts), scored at J = 0, 16 and 64 (its 64 context slots; J = 512
+#           needs a model with 512 slots: TAG=slots512 EXTRA="context_size=512" SIZES="64 512")
 #   SEED: 42 (the preset's), 1, 2
-# Environment: TAG=name EXTRA="key=value ..." trains a variant into runs/cmp-ROW-TAG-sSEED; TABLE2=1 also scores the
-# five cheaper Table-2 tasks (at J = 64 for d). Results: runs/eval-cmp/NAME/summary/.
+# Environment: SIZES="64" limits d's J sweep; TAG=name EXTRA="key=value ..." trains a variant into
+# runs/cmp-ROW-TAG-sSEED; TABLE2=1 also scores the five cheaper Table-2 tasks (at J = 64 for d).
+# Results: runs/eval-cmp/NAME/summary/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."  # the repository root
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -20,7 +22,7 @@ case $row in
   c) settings=(model=biencoder); prefixes=(--prefixes off); sizes=() ;;
   cp) settings=(model=biencoder "query_prompt=search_query: " "document_prompt=search_document: ")
       prefixes=(--prefixes on); sizes=() ;;
-  d) settings=(); prefixes=(); sizes=(--context-size 0 16 64 512) ;;
+  d) settings=(); prefixes=(); read -r -a js <<< "${SIZES:-0 16 64}"; sizes=(--context-size "${js[@]}") ;;
   *) echo "unknown row $row" >&2; exit 2 ;;
 esac
 if [[ $row == a ]]; then
