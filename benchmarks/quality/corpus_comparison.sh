@@ -4,8 +4,9 @@
 # CACM and LISA (NDCG@10, max_seq_length 256, the kit's identical-ids rule decided from the texts).
 # Usage: bash benchmarks/quality/corpus_comparison.sh ROW [SEED]
 #   ROW: a  zero-shot all-MiniLM-L6-v2 (no prefixes; no SEED)
-#        c  bi-encoder (--set model=biencoder; no prompts), scored without prefixes
-#        cp bi-encoder trained and scored with the contextual model's prompts (search_query: / search_document: )
+#        c  bi-encoder without prompts (--set model=biencoder query_prompt= document_prompt=), scored without prefixes
+#        cp the preset's bi-encoder baseline (--set model=biencoder): trained and scored with the contextual
+#           model's prompts (search_query: / search_document: )
 #        d  the preset as shipped (contextual, prompts), scored at J = 0, 16 and 64 (its 64 context slots; J = 512
 #           needs a model with 512 slots: TAG=slots512 EXTRA="context_size=512" SIZES="64 512")
 #   SEED: 42 (the preset's), 1, 2
@@ -19,9 +20,8 @@ row=$1; seed=${2:-42}; data=../shared/data
 read -r -a extra <<< "${EXTRA:-}"
 case $row in
   a) settings=(); prefixes=(--prefixes off); sizes=() ;;
-  c) settings=(model=biencoder); prefixes=(--prefixes off); sizes=() ;;
-  cp) settings=(model=biencoder "query_prompt=search_query: " "document_prompt=search_document: ")
-      prefixes=(--prefixes on); sizes=() ;;
+  c) settings=(model=biencoder query_prompt= document_prompt=); prefixes=(--prefixes off); sizes=() ;;
+  cp) settings=(model=biencoder); prefixes=(--prefixes on); sizes=() ;;
   d) settings=(); prefixes=(); read -r -a js <<< "${SIZES:-0 16 64}"; sizes=(--context-size "${js[@]}") ;;
   *) echo "unknown row $row" >&2; exit 2 ;;
 esac

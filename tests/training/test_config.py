@@ -148,6 +148,17 @@ def test_an_empty_set_value_is_the_empty_string_not_the_default(cli_config):
     assert (cfg.document_prompt, resolved_prompts(cfg)) == ("", {"query": "search_query: ", "document": ""})
 
 
+def test_the_mini_presets_biencoder_baseline_has_the_contextual_models_prompts(cli_config):
+    # (cp) of docs/RESULTS.md is one --set away and compares like with like; (c) drops the prompts explicitly.
+    from cde_st.training import resolved_prompts
+
+    contextual = resolved_prompts(cli_config(["--preset", "mini"]))
+    assert contextual == {"query": "search_query: ", "document": "search_document: "}
+    assert resolved_prompts(cli_config(["--preset", "mini", "--set", "model=biencoder"])) == contextual
+    plain = cli_config(["--preset", "mini", "--set", "model=biencoder", "query_prompt=", "document_prompt="])
+    assert resolved_prompts(plain) == {"query": "", "document": ""}
+
+
 def test_default_output_dirs_of_presets_model_kinds_and_seeds_differ(cli_config):
     # README lines without --output-dir must not write into one folder.
     argvs = [
