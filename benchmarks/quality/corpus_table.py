@@ -26,7 +26,7 @@ TASKS = ("scifact", "med", "cacm", "lisa")
 def eval_rows(runs: Path) -> dict[tuple[str, str], dict[str, float]]:
     """{(family, seed): {task: score}} from the eval kit's summaries; family is NAME without its seed plus J."""
     rows: dict[tuple[str, str], dict[str, float]] = {}
-    for path in sorted(runs.glob("eval-cmp/*/summary/*.csv")):
+    for path in sorted(p for p in runs.glob("eval-cmp/*/summary/*.csv") if not p.name.endswith(".sweep.csv")):
         name = path.parts[-3]
         match = re.fullmatch(r"(.+?)(?:-s(\d+))?", name)
         family, seed = match.group(1), match.group(2) or "-"
