@@ -2,12 +2,14 @@
 
 - ``runs/eval-cmp/NAME/summary/*.csv`` (``corpus_comparison.sh``): one row per model, seed and J;
 - ``runs/centering/*.json`` (``centering_baseline.py --prompts on``): the model as scored there ("plain") and
-  centred on its corpus mean.
+  centred on its corpus mean;
+- ``runs/eval-cmp-table2/NAME/summary/*.csv`` (``TABLE2=1``): the five Table-2 tasks, which with SciFact make the
+  six-task average.
 
     python benchmarks/quality/corpus_table.py --runs runs
 
 Prints every measured row (NDCG@10 per corpus and the mean of four), then each row family's mean and standard
-deviation over its seeds.
+deviation over its seeds, then the six-task rows.
 """
 
 from __future__ import annotations
@@ -21,18 +23,19 @@ from collections import defaultdict
 from pathlib import Path
 
 TASKS = ("scifact", "med", "cacm", "lisa")
+TABLE2 = ("stsbenchmark", "sickr", "biosses", "banking77", "twentynewsgroups")
 
 
-def eval_rows(runs: Path) -> dict[tuple[str, str], dict[str, float]]:
+def eval_rows(runs: Path, folder: str = "eval-cmp", tasks: tuple[str, ...] = TASKS) -> dict[tuple[str, str], dict]:
     """{(family, seed): {task: score}} from the eval kit's summaries; family is NAME without its seed plus J."""
     rows: dict[tuple[str, str], dict[str, float]] = {}
-    for path in sorted(p for p in runs.glob("eval-cmp/*/summary/*.csv") if not p.name.endswith(".sweep.csv")):
+    for path in sorted(p for p in runs.glob(f"{folder}/*/summary/*.csv") if not p.name.endswith(".sweep.csv")):
         name = path.parts[-3]
         match = re.fullmatch(r"(.+?)(?:-s(\d+))?", name)
         family, seed = match.group(1), match.group(2) or "-"
         with path.open() as handle:
             for record in csv.DictReader(handle):
-                if record["task"] in TASKS:
+                if record["task"] in tasks:
                     key = (f"{family} J={record['context_size']}", seed)
                     rows.setdefault(key, {})[record["task"]] = float(record["score"])
     return rows
@@ -67,6 +70,15 @@ def main() -> None:
     for family, means in sorted(families.items()):
         spread = f"{statistics.stdev(means):.2f}" if len(means) > 1 else "-"
         print(f"| {family} | {len(means)} | {statistics.mean(means):.2f} | {spread} |")
+    six = ("stsbenchmark", "sickr", "biosses", "banking77", "twentynewsgroups", "scifact")
+    print("\n| row | seed | STSB | SICK-R | BIOSSES | Banking77 | 20NG | SciFact | 6-task avg |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    retrieval = eval_rows(Path(args.runs))
+    for key, scores in sorted(eval_rows(Path(args.runs), "eval-cmp-table2", TABLE2).items()):
+        scores = {**scores, **{k: v for k, v in retrieval.get(key, {}).items() if k == "scifact"}}
+        if all(task in scores for task in six):
+            cells = " | ".join(f"{scores[task]:.2f}" for task in six)
+            print(f"| {key[0]} | {key[1]} | {cells} | {statistics.mean(scores[t] for t in six):.2f} |")
 
 
 if __name__ == "__main__":
