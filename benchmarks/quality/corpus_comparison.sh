@@ -7,8 +7,8 @@
 #        c  bi-encoder without prompts (--set model=biencoder query_prompt= document_prompt=), scored without prefixes
 #        cp the preset's bi-encoder baseline (--set model=biencoder): trained and scored with the contextual
 #           model's prompts (search_query: / search_document: )
-#        d  the preset as shipped (contextual, prompts), scored at J = 0, 16 and 64 (its 64 context slots; J = 512
-#           needs a model with 512 slots: TAG=slots512 EXTRA="context_size=512" SIZES="64 512")
+#        d  the preset as shipped (contextual, prompts), scored at J = 0, 16 and 64 (its 64 context slots; for
+#           J = 512 score a copy with 512 slots: benchmarks/quality/widen_context.py)
 #   SEED: 42 (the preset's), 1, 2
 # Environment: SIZES="64" limits d's J sweep; TAG=name EXTRA="key=value ..." trains a variant into
 # runs/cmp-ROW-TAG-sSEED; TABLE2=1 also scores the five cheaper Table-2 tasks (at J = 64 for d).

@@ -36,11 +36,10 @@ def main() -> None:
     if args.target.exists():
         raise SystemExit(f"{args.target} exists; choose a new folder")
     shutil.copytree(args.source, args.target, ignore=shutil.ignore_patterns("context.safetensors"))
+    trained_size = config["context_size"]
     config.update(context_size=args.context_size, context_info=None)
     (args.target / "cde_config.json").write_text(json.dumps(config, indent=4))
-    print(
-        f"{args.target}: J = {args.context_size} (was {json.loads((args.source / 'cde_config.json').read_text())['context_size']})"
-    )
+    print(f"{args.target}: J = {args.context_size} (was {trained_size})")
 
 
 if __name__ == "__main__":
