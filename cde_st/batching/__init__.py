@@ -1,6 +1,6 @@
 """Contextual batching: a clustered batch sampler for ``SentenceTransformerTrainer``.
 
-Contextual Document Embeddings (Morris & Rush, ICLR 2025, https://arxiv.org/abs/2405.02779), section 3.1:
+Contextual Document Embeddings (Morris & Rush, ICLR 2025, https://arxiv.org/abs/2410.02525), section 3.1:
 training pairs are partitioned into pseudo-domains of similar pairs so that every batch holds hard in-batch
 negatives. Each pair (q, d) is embedded with a small surrogate model, turned into the two points [q;d] and
 [d;q], and clustered with spherical k-means (k = pairs / cluster_size) within its source dataset; each pair is
