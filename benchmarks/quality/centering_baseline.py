@@ -1,4 +1,4 @@
-"""The training-free corpus-aware baseline of issue 26: a bi-encoder with corpus-mean centering.
+"""The training-free corpus-aware baseline of a contextual model: a bi-encoder with corpus-mean centering.
 
 A contextual model reads J documents of the target corpus before it embeds a text. The simplest training-free use of
 the same J documents is to subtract their mean embedding from every query and document embedding and renormalise

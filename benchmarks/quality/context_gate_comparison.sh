@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issues 11 and 12: the contextual model that starts as its bi-encoder (zero-initialised context gate), trained on
+# The contextual model that starts as its bi-encoder (zero-initialised context gate), trained on
 # partial and empty contexts (context_dropout), with cached or joint context attention, against the bi-encoder
-# (c) of docs/experiment_log.md (issue 6; names in its glossary)
+# (c) of docs/experiment_log.md (names in its glossary)
 # on the same data, batches, loss and seeds (preset `mini`, no prefixes).
 # Usage: bash benchmarks/quality/context_gate_comparison.sh VARIANT SEED [eval-only]
 #   VARIANT: dgc (gate + cached, residual output head, added params at lr 5e-3), dgc2 (gate + cached,
@@ -13,7 +13,7 @@
 #   EXTRA takes any TrainConfig field (items split on whitespace, so no spaces inside a value), e.g.
 #   cluster_size=1000000 (one cluster per domain) or, as an in-domain diagnostic (SciFact test is then in-domain),
 #   train_data=[../shared/data/pairs/scifact_train.jsonl.gz] exclude_domains=[] max_pairs=null num_train_epochs=5.0
-#   (docs/experiment_log.md, issue 11, session 8);
+#   (docs/experiment_log.md, 2026-11-24, session 8);
 #   TABLE2=1 also scores the five cheaper Table-2 tasks (docs/RESULTS.md: the six-task tables).
 # Scores SciFact test NDCG@10 at max_seq_length 256 with J = 64, 0 and 16 (the context-size sweep).
 set -euo pipefail
@@ -26,7 +26,7 @@ case $variant in
   dgc) settings=(model=contextual "model_config={context_gate: true, context_attention: cached}" "${GATE[@]}") ;;
   dgc2) settings=(model=contextual  # the preset's recipe of session 3: the context read in every layer
         "model_config={context_gate: true, context_attention: cached, output_head: none, first_stage_head: none}") ;;
-  dgj) settings=(model=contextual  # dgc2 with joint attention (issue 12's quality comparison)
+  dgj) settings=(model=contextual  # dgc2 with joint attention
         "model_config={context_gate: true, context_attention: joint, output_head: none, first_stage_head: none}") ;;
   dgc2u) settings=(model=contextual) ;;  # the preset's own recipe since session 4: dgc2 read by the top 3 layers
   c) settings=(model=biencoder) ;;

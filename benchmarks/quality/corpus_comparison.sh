@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26: what the shipped `mini` preset gives on four retrieval corpora against its two bi-encoders.
+# What the shipped `mini` preset gives on four retrieval corpora against its two bi-encoders.
 # Each row is the preset (or a named variant one --set away) plus a seed; every model is scored on SciFact, MED,
 # CACM and LISA (NDCG@10, max_seq_length 256, the kit's identical-ids rule decided from the texts).
 # Usage: bash benchmarks/quality/corpus_comparison.sh ROW [SEED]

@@ -1,4 +1,4 @@
-"""The tables of issue 26 (docs/RESULTS.md, "Four retrieval corpora"), read from what the drivers wrote:
+"""The four-corpus tables (docs/RESULTS.md, "Four retrieval corpora"), read from what the drivers wrote:
 
 - ``runs/eval-cmp/NAME/summary/*.csv`` (``corpus_comparison.sh``): one row per model, seed and J;
 - ``runs/centering/*.json`` (``centering_baseline.py --prompts on``): the model as scored there ("plain") and

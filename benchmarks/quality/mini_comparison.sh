@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6: the paper's Table-1 pattern at CPU scale. Trains (b), (c), (d) with the `mini` preset (same data, same
+# The paper's Table-1 pattern at CPU scale. Trains (b), (c), (d) with the `mini` preset (same data, same
 # steps; scifact_train excluded so SciFact is out of domain), then scores (a)-(d) on SciFact test with the eval kit.
 # No task prefixes anywhere (MiniLM was trained without them), so the models differ only in what is compared.
 # Usage: bash benchmarks/quality/mini_comparison.sh [train|eval|all|diagnose]   (ONLY=d to evaluate one model; results: runs/)
@@ -13,9 +13,9 @@ what=${1:-all}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # the training pairs, named explicitly (the library has no default data), and no prompts
 NOPROMPTS=("train_data=[../shared/data/pairs]" "query_prompt=''" "document_prompt=''")
-# (d) as issue 6 measured it: joint attention, no gate, no context dropout (the preset's contextual recipe changed
-# in issues 11-12; see benchmarks/quality/context_gate_comparison.sh)
-ISSUE6_D=("model_config={}" context_dropout=0.0 added_params_lr=null)
+# (d) as first measured (2026-11-21): joint attention, no gate, no context dropout (the preset's contextual recipe changed
+# later; see benchmarks/quality/context_gate_comparison.sh)
+FIRST_D=("model_config={}" context_dropout=0.0 added_params_lr=null)
 
 if [[ $what == train || $what == all ]]; then
   python train/train_cde.py --preset mini --output-dir runs/mini-b-bi-random \
@@ -23,7 +23,7 @@ if [[ $what == train || $what == all ]]; then
   python train/train_cde.py --preset mini --output-dir runs/mini-c-bi-clustered-filtered \
     --set model=biencoder batching=clustered filter_false_negatives=true "${NOPROMPTS[@]}"
   python train/train_cde.py --preset mini --output-dir runs/mini-d-cde-clustered-filtered \
-    --set model=contextual batching=clustered filter_false_negatives=true "${NOPROMPTS[@]}" "${ISSUE6_D[@]}"
+    --set model=contextual batching=clustered filter_false_negatives=true "${NOPROMPTS[@]}" "${FIRST_D[@]}"
 fi
 
 if [[ $what == eval || $what == all ]]; then
@@ -60,7 +60,7 @@ if [[ $what == diagnose ]]; then
     for spec in d:contextual c:biencoder; do
       name=${spec%%:*}; kind=${spec#*:}
       python train/train_cde.py --preset mini --output-dir runs/mini$tag-$name --set model=$kind batching=clustered \
-        filter_false_negatives=true "$setting" "${NOPROMPTS[@]}" "${ISSUE6_D[@]}"
+        filter_false_negatives=true "$setting" "${NOPROMPTS[@]}" "${FIRST_D[@]}"
       python eval/run_mteb.py --model runs/mini$tag-$name/final --model-name cde-st/mini$tag-$name --tasks scifact \
         --data-dir ../shared/data --prefixes off --max-seq-length 256 --batch-size 64 --output-dir runs/eval-mini$tag/$name --quiet
     done

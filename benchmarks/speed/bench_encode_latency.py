@@ -3,7 +3,7 @@
     python benchmarks/speed/bench_encode_latency.py [--batch 1 32] [--calls 20]
 
 Throughput (benchmarks/speed/bench_encode.py) hides costs paid once per ``encode`` call, such as the check that the
-active context and cached keys/values still match the weights (issue 24). This times ``encode_query`` calls of
+active context and cached keys/values still match the weights. This times ``encode_query`` calls of
 ``--batch`` copies of one short query on the MiniLM-built cached + gate + top-3 model (J = 64 SciFact documents)
 and prints the median over ``--calls`` calls, after three warm-up calls. Results: benchmarks/speed/RESULTS_encode.md.
 """
