@@ -95,7 +95,9 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
 
     config_file_name = CONFIG_FILE
     config_keys = list(field_names())
-    forward_kwargs = {"context_vectors", "context_mask"}
+    # The names forward reads (sentence-transformers passes a model's keyword arguments on to the modules that list
+    # them): the context of the call, under cde_st's name or the released models' (CONTEXT_ALIAS), and its mask.
+    forward_kwargs = {"context_vectors", "context_mask", "dataset_embeddings"}
 
     def __init__(
         self,
@@ -346,6 +348,7 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
         features: dict[str, torch.Tensor],
         context_vectors: torch.Tensor | None = None,
         context_mask: torch.Tensor | None = None,
+        dataset_embeddings: torch.Tensor | None = None,
         **kwargs,
     ) -> dict[str, torch.Tensor]:
         """Second stage: (B, L) ids + (J, d2) context -> ``sentence_embedding`` (B, d2), ``token_embeddings``
@@ -355,9 +358,15 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
         active context). ``context_mask`` (B, J') bool, with ``context_vectors``: which of them each row may read
         (training hides a pair's own document from it, see ``FilteredInfoNCELoss(leave_one_out=True)``). In cached
         mode it hides the slot's keys/values; the other slots, which attended to it inside the context, are not
-        recomputed."""
-        if context_vectors is None:
-            context_vectors = features.get("context_vectors")
+        recomputed. ``dataset_embeddings`` (keyword or ``features`` key): the released models' name for
+        ``context_vectors``; giving both is an error, and so is any other keyword (a misspelt name would otherwise
+        leave the call on the active context without a word)."""
+        if kwargs:
+            raise TypeError(
+                f"ContextualTransformer.forward() got unexpected keyword argument(s) {sorted(kwargs)}; it accepts "
+                f"{sorted(self.forward_kwargs)}."
+            )
+        context_vectors = self._call_context(context_vectors, dataset_embeddings, features)
         if context_mask is None:
             context_mask = features.get("context_mask")
         if context_mask is not None and context_vectors is None:
@@ -380,6 +389,28 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
         features["token_embeddings"] = out
         features["sentence_embedding"] = self.head(mean_pool(out, self._pool_mask(features)))
         return features
+
+    @staticmethod
+    def _call_context(context_vectors, dataset_embeddings, features: dict) -> torch.Tensor | None:
+        """The context of one forward, given under either name, as a keyword or a ``features`` key (None: the
+        active context)."""
+        given = {
+            name: value
+            for name, value in (
+                ("context_vectors", context_vectors if context_vectors is not None else features.get("context_vectors")),
+                (
+                    "dataset_embeddings",
+                    dataset_embeddings if dataset_embeddings is not None else features.get("dataset_embeddings"),
+                ),
+            )
+            if value is not None
+        }
+        if len(given) > 1:
+            raise TypeError(
+                "forward() got both context_vectors= and dataset_embeddings= (its alias, the released models' name); "
+                "pass one."
+            )
+        return next(iter(given.values()), None)
 
     def _pool_mask(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """The text positions mean pooling reads: not padding, not the prompt (``include_prompt=False``), not the

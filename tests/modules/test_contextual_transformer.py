@@ -7,6 +7,7 @@ import json
 import os
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -272,3 +273,62 @@ def test_truncated_weights_file_is_named(saved_cde, filename):
         f.write(data[: len(data) // 2])
     with pytest.raises(ValueError, match=rf"{filename}.*(corrupt|truncated)"):
         ContextualSentenceTransformer(saved_cde)
+
+
+# ---------------------------------------------------------------- the context of one forward: every accepted name
+def _with_other_context(make_tiny_cde):
+    """A model with an active context, its features, and other context vectors that change the output."""
+    model = make_tiny_cde(context_size=4)
+    model.set_context(DOCS, seed=0)
+    module = model.contextual_module
+    features = module.preprocess(DOCS[:2])
+    vectors = torch.randn(4, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        given = module(dict(features), context_vectors=vectors)["sentence_embedding"]
+        active = module(dict(features))["sentence_embedding"]
+    assert (given - active).abs().max() > 1e-3  # the two contexts give different embeddings
+    return model, module, features, vectors, given
+
+
+@pytest.mark.parametrize("where", ["keyword", "feature"])
+def test_forward_honours_dataset_embeddings(make_tiny_cde, where):
+    """``dataset_embeddings`` (the released models' name for the context vectors) is the context of the call, as
+    ``context_vectors`` is, never ignored in favour of the active context."""
+    _, module, features, vectors, given = _with_other_context(make_tiny_cde)
+    with torch.no_grad():
+        if where == "keyword":
+            got = module(dict(features), dataset_embeddings=vectors)["sentence_embedding"]
+        else:
+            got = module({**features, "dataset_embeddings": vectors})["sentence_embedding"]
+    torch.testing.assert_close(got, given, rtol=0, atol=0)
+
+
+def test_model_forward_passes_dataset_embeddings_to_the_module(make_tiny_cde):
+    model, module, features, vectors, given = _with_other_context(make_tiny_cde)
+    with torch.no_grad():
+        got = model(dict(features), dataset_embeddings=vectors)["sentence_embedding"]
+        expected = model(dict(features), context_vectors=vectors)["sentence_embedding"]
+        active = model(dict(features))["sentence_embedding"]
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert (got - active).abs().max() > 1e-3
+
+
+def test_forward_refuses_both_context_names(make_tiny_cde):
+    _, module, features, vectors, _ = _with_other_context(make_tiny_cde)
+    with pytest.raises(TypeError, match="both context_vectors= and dataset_embeddings="):
+        module(dict(features), context_vectors=vectors, dataset_embeddings=vectors)
+
+
+@pytest.mark.parametrize("name", ["context_vector", "datasetembeddings", "contxt_mask"])
+def test_forward_refuses_an_unknown_keyword_by_name(make_tiny_cde, name):
+    _, module, features, vectors, _ = _with_other_context(make_tiny_cde)
+    with pytest.raises(TypeError, match=name):
+        module(dict(features), **{name: vectors})
+
+
+def test_encode_honours_dataset_embeddings_and_refuses_unknown_keywords(make_tiny_cde):
+    model, _, _, vectors, _ = _with_other_context(make_tiny_cde)
+    given = model.encode(DOCS[:2], context_vectors=vectors)
+    np.testing.assert_array_equal(model.encode(DOCS[:2], dataset_embeddings=vectors), given)
+    with pytest.raises((TypeError, ValueError), match="context_vector"):
+        model.encode(DOCS[:2], context_vector=vectors)
