@@ -397,7 +397,10 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
         given = {
             name: value
             for name, value in (
-                ("context_vectors", context_vectors if context_vectors is not None else features.get("context_vectors")),
+                (
+                    "context_vectors",
+                    context_vectors if context_vectors is not None else features.get("context_vectors"),
+                ),
                 (
                     "dataset_embeddings",
                     dataset_embeddings if dataset_embeddings is not None else features.get("dataset_embeddings"),
