@@ -20,6 +20,7 @@ from cde_st import training
 from cde_st.model import ContextualSentenceTransformer
 from cde_st.released import ReleasedCheckpointError, is_released_checkpoint
 from cde_st.training import PRESET_TIMES, PRESETS, TRAIN_DATA_HELP, TrainConfig, TrainConfigError, config_yaml
+from cde_st.training.coercion import load_yaml_value
 
 
 def _parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -31,7 +32,7 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
         if not sep:
             raise TrainConfigError(f"--set expects KEY=VALUE, got {item!r}.")
         try:
-            parsed = yaml.safe_load(value)
+            parsed = load_yaml_value(value)  # the config files' rule: only true/false are booleans
         except yaml.YAMLError as err:
             raise TrainConfigError(f"--set {item}: cannot read the value: {err}") from None
         if not value.strip():
@@ -139,8 +140,10 @@ def _device_problem(device: str | None) -> str | None:
     except (RuntimeError, ValueError):
         return f"--device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1, mps)."
     if kind == "cuda" and not torch.cuda.is_available():
-        build = f"this torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None else (
-            "torch sees no CUDA device (check the driver and CUDA_VISIBLE_DEVICES)"
+        build = (
+            f"this torch {torch.__version__} is a CPU-only build"
+            if torch.version.cuda is None
+            else ("torch sees no CUDA device (check the driver and CUDA_VISIBLE_DEVICES)")
         )
         return f"--device {device}: {build}; use --device cpu or leave --device out."
     if kind == "cuda" and ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from cde_st.modules.contextual_config import ContextualConfig
-from cde_st.training.coercion import coerce
+from cde_st.training.coercion import ConfigValueError, coerce, load_config_text
 
 
 class TrainConfigError(ValueError):
@@ -258,7 +258,9 @@ class TrainConfig:
                 "save the config as UTF-8 YAML or JSON."
             ) from None
         try:
-            values = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+            values = load_config_text(text, str(path))
+        except ConfigValueError as err:  # a key given twice
+            raise TrainConfigError(str(err)) from None
         except json.JSONDecodeError as err:
             raise TrainConfigError(
                 f"{path}, line {err.lineno}: invalid JSON: {err.msg} (column {err.colno})."
@@ -300,7 +302,7 @@ def default_output_dir(preset: str | None, model: str, seed: int) -> str:
 def _key_lines(text: str) -> dict[str, int]:
     """1-based line of each top-level key of a YAML/JSON mapping (empty when the text does not compose)."""
     try:
-        node = yaml.compose(text)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:
         return {}
     if not isinstance(node, yaml.MappingNode):
@@ -319,7 +321,7 @@ def _read_presets(folder: Path) -> tuple[dict[str, dict[str, Any]], dict[str, st
     :meth:`TrainConfig.from_preset`) and the measured train wall time each one states (``wall_time:``)."""
     presets, times = {}, {}
     for path in sorted(folder.glob("*.yaml")):
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        values = load_config_text(path.read_text(encoding="utf-8"), str(path)) or {}
         times[path.stem] = str(values.pop("wall_time", "not measured"))
         presets[path.stem] = values
     return presets, times

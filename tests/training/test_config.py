@@ -208,3 +208,43 @@ def test_repository_configs_name_the_shared_pairs():
     folder = Path(__file__).parents[2] / "train" / "configs"
     for path in folder.glob("*.yaml"):
         assert TrainConfig.from_file(path).train_data == ["../shared/data/pairs"], path
+
+
+@pytest.mark.parametrize(
+    "name, text, expected",
+    [
+        (
+            "dup.yaml",
+            "preset: tiny\nseed: 1\nlearning_rate: 1e-3\nseed: 2\n",
+            r"dup\.yaml, line 4: key 'seed' appears twice",
+        ),
+        ("dup.json", '{\n  "seed": 1,\n  "seed": 2\n}\n', r"dup\.json, line 3: key 'seed' appears twice"),
+        ("nested.yaml", "model_config:\n  context_gate: true\n  context_gate: false\n", r"'model_config.context_gate'"),
+    ],
+)
+def test_a_config_file_with_a_duplicate_key_is_refused_naming_key_and_file(tmp_path, name, text, expected):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=expected):
+        TrainConfig.from_file(path)
+
+
+def test_yaml_words_other_than_true_and_false_are_not_booleans(tmp_path, cli_config, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("preset: tiny\nexclude_domains: [no, off]\nlearning_rate: 2e-3\n")
+    cfg = TrainConfig.from_file(path)
+    assert cfg.exclude_domains == ["no", "off"] and cfg.learning_rate == 2e-3  # a domain named `no` is not False
+    path.write_text("preset: tiny\nbidirectional: yes\n")
+    with pytest.raises(ValueError, match=r"line 2: field 'bidirectional' = 'yes' \(str\): expected bool"):
+        TrainConfig.from_file(path)
+    with pytest.raises(SystemExit):
+        cli_config(["--preset", "tiny", "--set", "bidirectional=no"])
+    assert "'bidirectional' = 'no' (str): expected bool" in capsys.readouterr().err
+    assert cli_config(["--preset", "tiny", "--set", "bidirectional=True"]).bidirectional is True
+
+
+def test_an_unknown_key_in_a_config_file_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("preset: tiny\nmodel_config:\n  context_gates: true\n")
+    with pytest.raises(ValueError, match=r"c\.yaml, line 2: .*unknown ContextualTransformer option 'context_gates'"):
+        TrainConfig.from_file(path)
