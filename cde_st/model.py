@@ -231,7 +231,9 @@ class ContextualSentenceTransformer(SentenceTransformer):
             if "context_vectors" in kwargs:
                 raise TypeError("encode() got both context_vectors= and dataset_embeddings= (its alias); pass one.")
             kwargs["context_vectors"] = kwargs.pop("dataset_embeddings")
-        return super().encode(*args, **kwargs)
+        # The weights are checked against the active context once per call, not once per batch.
+        with self.contextual_module.one_weights_check():
+            return super().encode(*args, **kwargs)
 
     def _multi_process(self, inputs, *args, **kwargs):
         # Worker processes hold a copy of the model made when the pool started: hand them the *current* context

@@ -13,7 +13,8 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -73,6 +74,9 @@ class ContextState:
         self._context_token_ids: torch.Tensor | None = None
         self._weights_check_due = True  # set by eval() (once per encode call): compare fingerprints before use
         self._weights_key: tuple | None = None  # (parameters, their (storage, version)) at the last check
+        # Depth of one_weights_check() scopes (an encode call): inside one, the batches after the first trust the
+        # parameters' version counters; outside, every forward compares the weights' values.
+        self._one_check_depth = 0
         self._warned_stale_context = False
 
     def __getstate__(self) -> dict:
@@ -196,13 +200,27 @@ class ContextState:
         tensors.append(table if ids is None else table[ids.to(table.device)])
         return values_fingerprint(tensors)
 
+    @contextmanager
+    def one_weights_check(self) -> Iterator[None]:
+        """Within the block (one encode call: :meth:`ContextualSentenceTransformer.encode` opens it), the weights are
+        compared with those of the active context and its cached keys/values once, at the first forward; the later
+        batches only look at the parameters' version counters (nothing can change the weights between the batches
+        of one call). Outside such a block every inference forward that uses the active context compares the
+        weights' values (a few ms for MiniLM), because a change no version counter records (a fused optimizer step,
+        an edit through ``param.data``) may have happened between two direct forward calls."""
+        self._one_check_depth += 1
+        self._weights_check_due = True
+        try:
+            yield
+        finally:
+            self._one_check_depth -= 1
+
     def _check_weights(self) -> None:
-        """Before an inference forward uses the active context or the cached keys/values: if a check is due, compare
-        the fingerprints of the weights they came from with the current ones (re-embed the context, drop the
-        cache where they differ). Due once per encode call (sentence-transformers' encode calls eval()) and
-        whenever a parameter's storage or version counter moved, so direct forward calls see ordinary edits too;
-        batches of one encode call then cost only the version look-up."""
-        if not self._weights_check_due and self._weights_key is not None:
+        """Before an inference forward uses the active context or the cached keys/values: compare the fingerprints
+        of the weights they came from with the current ones (re-embed the context, drop the cache where they
+        differ). Inside :meth:`one_weights_check` (an encode call) only the first forward does, and later ones
+        again if a parameter's storage or version counter moved; every other forward does."""
+        if self._one_check_depth and not self._weights_check_due and self._weights_key is not None:
             params, key = self._weights_key
             if key == tuple((p.data_ptr(), p._version) for p in params):
                 return

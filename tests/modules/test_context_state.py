@@ -286,3 +286,26 @@ def test_direct_forward_after_an_in_place_edit_uses_the_current_context(make_tin
     with torch.inference_mode():
         expected = model(dict(features))["sentence_embedding"]
     assert _max_diff(got, expected) <= 1e-6
+
+
+@pytest.mark.parametrize("stage", ["first", "second"])
+@pytest.mark.parametrize("path", sorted(WRITE_PATHS))
+def test_direct_forward_after_any_weight_change_uses_the_current_context(make_tiny_cde, path, stage):
+    """A forward called directly (no encode, the module left in eval mode) after any way of changing the weights,
+    including those no version counter sees (a fused step, ``p.data`` edits), gives what a fresh context and fresh
+    cached keys/values give."""
+    model = make_tiny_cde(context_size=4, context_attention="cached")
+    model.set_context(DOCS)
+    features = model.preprocess(QUERIES)
+    with torch.inference_mode():
+        before = model(dict(features))["sentence_embedding"]
+    params = _first_stage_params(model) if stage == "first" else _second_stage_params(model)
+    WRITE_PATHS[path](params)
+    with torch.inference_mode():
+        got = model(dict(features))["sentence_embedding"]
+    model.contextual_module._drop_context_cache()
+    model.set_context(DOCS)
+    with torch.inference_mode():
+        expected = model(dict(features))["sentence_embedding"]
+    assert _max_diff(before, expected) > 1e-5  # the change matters
+    assert _max_diff(got, expected) <= 1e-6
