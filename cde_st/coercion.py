@@ -62,12 +62,14 @@ def coerce(value: Any, hint: Any, name: str, rule: str | None = None) -> Any:
     if origin in (typing.Union, types.UnionType):
         exact = [a for a in args if a is not Any and isinstance(value, typing.get_origin(a) or a)]
         exact = [a for a in exact if not (isinstance(value, bool) and a in (int, float))]
+        inner = None
         for candidate in exact + [a for a in args if a not in exact]:
             try:
                 return coerce(value, candidate, name)
-            except ConfigValueError:
-                continue
-        raise mismatch
+            except ConfigValueError as err:
+                if candidate in exact and inner is None and typing.get_origin(candidate) in (list, dict):
+                    inner = err  # the container is right, an item is not: name the item
+        raise inner if inner is not None else mismatch
     if hint is bool:
         if isinstance(value, (bool, np.bool_)):
             return bool(value)

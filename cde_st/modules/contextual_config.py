@@ -23,12 +23,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import typing
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from transformers import PreTrainedModel
 
+from cde_st.coercion import coerce
 from cde_st.modules.backbone import get_adapter
 
 CONFIG_FILE = "cde_config.json"
@@ -123,6 +125,15 @@ class ContextualConfig:
     context_padding: str = "null"
 
     def __post_init__(self) -> None:
+        # Every route (the constructor, dataclasses.replace, from_dict / cde_config.json, the released configs) gets
+        # the one coercion rule of cde_st configs: a bool field takes only True/False ("false" would read as True),
+        # an int field a whole number (8.7 is not silently 8); the error names the field.
+        hints = _field_hints()
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            coerced = coerce(value, hints[f.name], f.name, rule=_TYPE_RULES.get(f.name))
+            if coerced is not value:
+                object.__setattr__(self, f.name, coerced)
         self.validate()
 
     # ------------------------------------------------------------------ rules
@@ -213,6 +224,24 @@ class ContextualConfig:
         if unknown:
             raise ValueError(f"unknown ContextualConfig field(s) {unknown}; known fields: {sorted(field_names())}.")
         return cls(**fields)
+
+
+# What a field must be, beside its type, where a type error alone would not say it.
+_TYPE_RULES = {
+    "max_seq_length": "max_seq_length must be a positive integer (a token limit)",
+    "context_max_seq_length": "context_max_seq_length must be a positive integer (a token limit) or None",
+    "context_layers": "context_layers must be a list of layer indices or None",
+}
+
+
+def _field_hints() -> dict[str, Any]:
+    global _HINTS
+    if _HINTS is None:
+        _HINTS = typing.get_type_hints(ContextualConfig)
+    return _HINTS
+
+
+_HINTS: dict[str, Any] | None = None
 
 
 def field_names() -> tuple[str, ...]:

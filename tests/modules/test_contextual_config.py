@@ -98,3 +98,48 @@ def test_prompts_live_in_model_prompts_only(make_tiny_cde, tmp_path):
     assert loaded.prompts == {"query": "old q: ", "document": "old d: "}
     assert loaded.default_prompt_name == "document"
     assert loaded.set_context(["a b c"]).prompt == "old d: "
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"include_prompt": "false"}, r"'include_prompt' = 'false' \(str\): expected bool"),
+        ({"context_gate": "no"}, r"'context_gate' = 'no' \(str\): expected bool"),
+        ({"first_stage_residual": "false"}, r"'first_stage_residual' = 'false' \(str\): expected bool"),
+        ({"embed_joint_sequence": 1}, r"'embed_joint_sequence' = 1 \(int\): expected bool"),
+        ({"context_size": 8.7}, r"'context_size' = 8\.7 \(float\): expected int"),
+        ({"context_size": "eight"}, r"'context_size' = 'eight' \(str\): expected int"),
+        ({"soft_prompt_tokens": None}, r"'soft_prompt_tokens' = None .*expected int"),
+        ({"sequence_dropout": "a lot"}, r"'sequence_dropout' = 'a lot' \(str\): expected float"),
+        ({"sequence_dropout": float("nan")}, r"sequence_dropout must be in \[0, 1\)"),
+        ({"first_stage_head": 3}, r"'first_stage_head' = 3 \(int\): expected str"),
+        ({"pool_skip_instruction": False}, r"'pool_skip_instruction' = False \(bool\): expected str or null"),
+        ({"context_layers": [1.5], "context_gate": True}, r"'context_layers\[0\]' = 1\.5"),
+    ],
+)
+def test_one_coercion_rule_for_every_route_naming_the_field(fields, match):
+    """The training config's rule (cde_st.training.coercion): a bool is a real bool, an int a whole number."""
+    with pytest.raises(ValueError, match=match):
+        ContextualConfig(**fields)
+    with pytest.raises(ValueError, match=match):  # the same error on every route
+        dataclasses.replace(ContextualConfig(), **fields)
+    with pytest.raises(ValueError, match=match):
+        ContextualConfig.from_dict(json.loads(json.dumps(fields, allow_nan=True)))
+
+
+def test_whole_numbers_are_coerced_and_kept_as_ints():
+    config = ContextualConfig(context_size=8.0, max_seq_length=64.0, sequence_dropout=0)
+    assert (config.context_size, config.max_seq_length, config.sequence_dropout) == (8, 64, 0.0)
+    assert type(config.context_size) is int and type(config.sequence_dropout) is float
+    assert config == ContextualConfig(context_size=8, max_seq_length=64, sequence_dropout=0.0)
+
+
+def test_a_bad_field_in_cde_config_json_is_named_with_the_file(make_tiny_cde, tmp_path):
+    model = make_tiny_cde(context_size=4)
+    model.save(str(tmp_path / "m"))
+    path = tmp_path / "m" / "cde_config.json"
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    saved["include_prompt"] = "false"
+    path.write_text(json.dumps(saved), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"cde_config\.json.*'include_prompt' = 'false' \(str\): expected bool"):
+        ContextualSentenceTransformer(str(tmp_path / "m"))
