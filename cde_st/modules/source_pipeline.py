@@ -72,14 +72,31 @@ def read_source_pipeline(name_or_path: str) -> SourcePipeline:
         raise ValueError(f"{name_or_path!r} is a sentence-transformers model without a Transformer module.")
     local = os.path.isdir(name_or_path)
     model_dir = os.path.join(name_or_path, transformer["path"]) if transformer["path"] and local else name_or_path
-    max_len = None
-    cfg_path = load_file_path(name_or_path, "sentence_bert_config.json", subfolder=transformer["path"])
-    if cfg_path is not None:
-        with open(cfg_path, encoding="utf-8") as f:
-            max_len = json.load(f).get("max_seq_length")
+    max_len = _saved_max_seq_length(name_or_path, transformer["path"])
     pooling = next((m for m in modules if m["type"].endswith("Pooling")), None)
     mode = "mean" if pooling is None else Pooling.load_config(name_or_path, subfolder=pooling["path"])["pooling_mode"]
     if isinstance(mode, (list, tuple)):  # several modes are concatenated; one mode in a list is that mode
         mode = mode[0] if len(mode) == 1 else tuple(mode)
     normalize = any(m["type"].endswith("Normalize") for m in modules)
     return SourcePipeline(model_dir, max_len, mode, normalize)
+
+
+# transformers' "no limit" sentinel for model_max_length (int(1e30)): larger than any real limit.
+_NO_LIMIT = 10**9
+
+
+def _saved_max_seq_length(name_or_path: str, subfolder: str) -> int | None:
+    """The length limit a sentence-transformers folder sets: ``sentence_bert_config.json``'s ``max_seq_length``
+    (sentence-transformers < 6), else the tokenizer's ``model_max_length``, where sentence-transformers 6 saves it."""
+    cfg_path = load_file_path(name_or_path, "sentence_bert_config.json", subfolder=subfolder)
+    if cfg_path is not None:
+        with open(cfg_path, encoding="utf-8") as f:
+            max_len = json.load(f).get("max_seq_length")
+        if max_len is not None:
+            return max_len
+    tok_path = load_file_path(name_or_path, "tokenizer_config.json", subfolder=subfolder)
+    if tok_path is None:
+        return None
+    with open(tok_path, encoding="utf-8") as f:
+        max_len = json.load(f).get("model_max_length")
+    return max_len if isinstance(max_len, int) and max_len < _NO_LIMIT else None

@@ -1,0 +1,42 @@
+"""The small parts around the encoders (cde_st/modules/heads.py): masked mean pooling, the residual head that starts
+as the identity, the released models' soft prompt."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cde_st.modules.heads import Head, SoftPrompt, mean_pool
+
+
+def test_mean_pool_averages_only_unmasked_positions():
+    hidden = torch.arange(24, dtype=torch.float32).view(2, 3, 4)
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    pooled = mean_pool(hidden, mask)
+    torch.testing.assert_close(pooled[0], hidden[0, :2].mean(0))
+    assert torch.equal(pooled[1], torch.zeros(4))  # a row with no token pools to zero, not NaN
+
+
+def test_residual_head_starts_as_the_identity_and_then_learns():
+    torch.manual_seed(0)
+    head = Head(8, 8, "gelu", residual=True)
+    x = torch.randn(5, 8)
+    assert torch.equal(head(x), x)
+    with torch.no_grad():
+        head.fc2.weight.normal_()
+    assert not torch.allclose(head(x), x)
+
+
+def test_plain_head_maps_widths_and_residual_needs_equal_widths():
+    assert Head(8, 4, "relu", residual=False)(torch.randn(3, 8)).shape == (3, 4)
+    with pytest.raises(ValueError, match="equal input and output widths, got 8 -> 4"):
+        Head(8, 4, "gelu", residual=True)
+
+
+def test_soft_prompt_has_n_vectors_of_width_d():
+    torch.manual_seed(0)
+    prompt = SoftPrompt(6, 3)
+    out = prompt()
+    assert out.shape == (3, 6)
+    out.sum().backward()  # learned: every projection weight gets a gradient
+    assert all(p.grad is not None for p in prompt.parameters())
