@@ -141,6 +141,31 @@ def _load_hub_pairs(spec: str) -> Dataset:
     return ds.add_column("domain", [name] * len(ds))
 
 
+def pairs_for_max_steps(pairs: Dataset, max_steps: int, batch_size: int, processes: int = 1, seed: int = 0) -> Dataset:
+    """``pairs``, or a seeded sample of them when ``max_steps`` (> 0) trains on fewer: the clustered sampler embeds
+    every pair it is given, so 4 steps of 8 pairs over 31k pairs would embed all 31k to train on 32.
+
+    The sample keeps ``max_steps * batch_size * processes`` pairs plus ``batch_size - 1`` per domain: batches never
+    mix domains, so each domain may end in a short batch, and with that margin the full batches (which come first in
+    every epoch) cover all the steps. A ``--resume`` that changes ``max_steps`` therefore trains on another sample."""
+    if max_steps is None or max_steps <= 0:
+        return pairs
+    domains = len(set(pairs["domain"])) if "domain" in pairs.column_names else 1
+    needed = max_steps * batch_size * processes + domains * (batch_size - 1)
+    if needed >= len(pairs):
+        return pairs
+    logger.info(
+        "max_steps=%d trains on %d batches of %d: using a seeded sample of %d of the %d pairs (max_steps=-1 trains "
+        "on all of them)",
+        max_steps,
+        max_steps * processes,
+        batch_size,
+        needed,
+        len(pairs),
+    )
+    return pairs.shuffle(seed=seed).select(range(needed))
+
+
 def load_pairs(cfg: TrainConfig) -> Dataset:
     """All training pairs of ``cfg.train_data`` as one ``Dataset(query, document, domain)`` (sources: see the module
     docstring). ``exclude_domains`` drops rows by domain or by source file name (e.g. ``scifact`` or

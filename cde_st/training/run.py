@@ -32,7 +32,7 @@ from cde_st.losses import FilteredInfoNCELoss
 from cde_st.model import ContextualSentenceTransformer, contextual_module, is_contextual
 from cde_st.prompts import DOCUMENT_PROMPT, QUERY_PROMPT
 from cde_st.training.config import TrainConfig
-from cde_st.training.data import TRAIN_DATA_HELP, NoTrainingDataError, load_pairs
+from cde_st.training.data import TRAIN_DATA_HELP, NoTrainingDataError, load_pairs, pairs_for_max_steps
 from cde_st.training.output_dir import checkpoints, prepare_output_dir, refuse_to_resume_a_finished_run
 from cde_st.training.tiny import build_tiny_encoder
 
@@ -239,6 +239,9 @@ def train(
         refuse_to_resume_a_finished_run(cfg, checkpoint)
 
     pairs = load_pairs(cfg)
+    # Only what max_steps trains on is embedded and clustered (all ranks draw the same seeded sample).
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    pairs = pairs_for_max_steps(pairs, cfg.max_steps, cfg.batch_size, processes, seed=cfg.seed)
     train_dataset = pairs.remove_columns("domain")  # the collator would feed any extra column to the model
     model = build_model(cfg)
     loss = build_loss(cfg, model)

@@ -8,6 +8,7 @@ text into characters. ``TrainConfig`` model fields name it ``"tiny"`` (``base_mo
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import string
@@ -41,6 +42,35 @@ def build_tiny_tokenizer(path: str | os.PathLike) -> BertTokenizerFast:
     return BertTokenizerFast(vocab=vocab_file, do_lower_case=True)
 
 
+def write_sentence_transformers_files(path: str | os.PathLike, hidden_size: int) -> None:
+    """Make the HF folder at ``path`` a sentence-transformers model too: the transformer, then mean pooling (what
+    ``SentenceTransformer`` builds around a plain HF folder), loaded without BERT's pooler.
+
+    The encoder has no pooler (nothing reads it). Loaded as a plain HF folder, ``SentenceTransformer`` (the tiny
+    surrogate and guide) asks ``AutoModel`` for one and transformers prints a LOAD REPORT of the missing
+    ``pooler.dense`` weights, newly initialised, on every load. ``model_kwargs`` in ``sentence_bert_config.json``
+    makes sentence-transformers load it as it was saved."""
+    path = str(path)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.sentence_transformer.modules.Pooling",
+        },
+    ]
+    files = {
+        "modules.json": modules,
+        "sentence_bert_config.json": {"model_kwargs": {"add_pooling_layer": False}},
+        os.path.join("1_Pooling", "config.json"): {"embedding_dimension": hidden_size, "pooling_mode": "mean"},
+    }
+    os.makedirs(os.path.join(path, "1_Pooling"), exist_ok=True)
+    for name, content in files.items():
+        with open(os.path.join(path, name), "w", encoding="utf-8") as f:
+            json.dump(content, f, indent=2)
+
+
 def build_tiny_encoder(path: str | os.PathLike, hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -> str:
     """Save a tiny randomly initialised BERT with its own generated WordPiece tokenizer to ``path`` (a Hugging Face
     model folder) and return ``path``: the base model of ``--preset tiny`` and of the tests, built offline without
@@ -64,6 +94,7 @@ def build_tiny_encoder(path: str | os.PathLike, hidden_size: int = 32, num_layer
     def write(staging):
         encoder.save_pretrained(staging)
         build_tiny_tokenizer(staging).save_pretrained(staging)
+        write_sentence_transformers_files(staging, hidden_size)
 
     # Several processes of one launch (torchrun) may build it at once: same seed, same files.
     write_folder_atomically(path, write)
