@@ -1,0 +1,284 @@
+"""The HTTP routes: OpenAI's ``/v1/embeddings`` and ``/v1/models``, the context resources ``/v1/contexts``,
+``/health`` and ``/metrics``.
+
+Bodies are read and validated here (not by FastAPI's models) so that every fault, including malformed JSON, a
+wrong content type and an oversized body, is answered in OpenAI's error shape with the status OpenAI would use.
+Every route but ``/health`` needs the API key when one is configured (``Authorization: Bearer KEY``, compared in
+constant time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import hmac
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cde_st.serving.batching import DynamicBatcher, Overloaded
+from cde_st.serving.contexts import ContextStore, check_name
+from cde_st.serving.engine import Batch, Engine
+from cde_st.serving.errors import ApiError
+from cde_st.serving.metrics import Metrics
+from cde_st.serving.requests import parse_context, parse_embeddings, parse_json
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Settings:
+    api_key: str | None = None
+    max_batch_size: int = 32
+    max_wait_ms: float = 5.0
+    max_queue: int = 1024
+    max_inputs: int = 2048
+    max_body_bytes: int = 32 * 1024 * 1024
+
+
+def _json(status: int, body: dict, headers: dict | None = None) -> Response:
+    # json.dumps of plain lists: embeddings go out as shortest-repr floats, exact float32 once parsed back.
+    return Response(
+        json.dumps(body, separators=(",", ":")), status_code=status, headers=headers, media_type="application/json"
+    )
+
+
+def _error(error: ApiError) -> Response:
+    return _json(error.status, error.body(), error.headers)
+
+
+def create_app(engine: Engine, store: ContextStore, settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+    batcher = DynamicBatcher(
+        lambda key, texts: engine.embed(texts, key[1], key[0]),
+        engine.executor,
+        max_batch_size=settings.max_batch_size,
+        max_wait=settings.max_wait_ms / 1000,
+        max_queue=settings.max_queue,
+        on_batch=metrics.observe_batch,
+        on_queue=metrics.queue_depth.set,
+    )
+    api_key = settings.api_key.encode("utf-8") if settings.api_key else None
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        batcher.start()
+        try:
+            yield
+        finally:
+            await batcher.stop()
+            engine.executor.shutdown(wait=True)
+
+    # The interactive docs would describe raw-body routes as schemaless; the request shapes are in docs/serving.md.
+    app = FastAPI(title="cde-st-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine, app.state.store, app.state.batcher, app.state.metrics = engine, store, batcher, metrics
+
+    def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise ApiError(401, "Missing API key: send it as 'Authorization: Bearer KEY'.", code="invalid_api_key")
+        if not hmac.compare_digest(given.strip().encode("utf-8"), api_key):
+            raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    async def read_json(request: Request) -> dict:
+        content_type = request.headers.get("content-type")
+        parse_json(b"{}", content_type)  # the content type is refused before a large body is read
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > settings.max_body_bytes:
+            raise _too_large()
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > settings.max_body_bytes:
+                raise _too_large()
+            chunks.append(chunk)
+        return parse_json(b"".join(chunks), content_type)
+
+    def _too_large() -> ApiError:
+        return ApiError(413, f"The request body exceeds {settings.max_body_bytes} bytes.", code="request_too_large")
+
+    def route(endpoint: str, authenticated: bool = True):
+        """Count, time and error-wrap one endpoint; an ApiError becomes OpenAI's error body, anything else a 500
+        with the traceback in the log (never in the answer)."""
+
+        def wrap(handler):
+            @functools.wraps(handler)
+            async def wrapped(request: Request, *args, **kwargs):
+                started = time.perf_counter()
+                try:
+                    if authenticated:
+                        check_key(request)
+                    response = await handler(request, *args, **kwargs)
+                except ApiError as error:
+                    response = _error(error)
+                    metrics.errors.labels(endpoint, error.code or error.type).inc()
+                except Exception:
+                    logger.exception("%s failed", endpoint)
+                    response = _error(ApiError(500, "Internal server error (see the server log).", code="internal"))
+                    metrics.errors.labels(endpoint, "internal").inc()
+                metrics.requests.labels(endpoint, str(response.status_code)).inc()
+                metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+                return response
+
+            return wrapped
+
+        return wrap
+
+    def resolve_context(name: str | None):
+        if not engine.contextual:
+            if name is not None:
+                raise ApiError(
+                    400,
+                    f"Model {engine.served_name!r} is not a contextual model: contexts do not apply to it. Leave out "
+                    "the 'context' field.",
+                    param="context",
+                    code="context_unsupported",
+                )
+            return None
+        if name is None:
+            return store.default()
+        return store.get(name)
+
+    @app.post("/v1/embeddings")
+    @route("embeddings")
+    async def embeddings(request: Request) -> Response:
+        body = parse_embeddings(await read_json(request), settings.max_inputs, engine.dimension)
+        if body.model != engine.served_name:
+            raise ApiError(
+                404,
+                f"The model {body.model!r} does not exist; this server serves {engine.served_name!r}.",
+                param="model",
+                code="model_not_found",
+            )
+        context = resolve_context(body.context)
+        try:
+            batch: Batch = await batcher.submit((context, body.input_type), body.texts)
+        except Overloaded as exc:
+            raise ApiError(
+                429,
+                f"The server is overloaded: {exc}",
+                code="queue_full",
+                headers={"Retry-After": str(exc.retry_after)},
+            ) from None
+        vectors = batch.embeddings
+        if body.dimensions is not None and body.dimensions < engine.dimension:
+            vectors = vectors[:, : body.dimensions]
+            if engine.normalizes:  # a Matryoshka prefix of a unit vector is not unit length
+                norms = (vectors.astype("float64") ** 2).sum(axis=1, keepdims=True) ** 0.5
+                vectors = (vectors / norms.clip(min=1e-12)).astype("float32")
+        if body.encoding_format == "base64":
+            rows = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
+        else:
+            rows = vectors.tolist()
+        tokens = int(batch.tokens.sum())
+        metrics.texts.inc(len(rows))
+        metrics.tokens.inc(tokens)
+        answer = {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
+            "model": engine.served_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "truncated_inputs": int(batch.truncated.sum()),
+        }
+        if context is not None:
+            answer["context"] = {"name": context.name, "fingerprint": context.fingerprint}
+        return _json(200, answer)
+
+    def require_contextual() -> None:
+        if not engine.contextual:
+            raise ApiError(
+                400,
+                f"Model {engine.served_name!r} is not a contextual model: it has no contexts.",
+                code="context_unsupported",
+            )
+
+    @app.post("/v1/contexts")
+    @route("contexts.create")
+    async def create_context(request: Request) -> Response:
+        require_contextual()
+        body = parse_context(await read_json(request))
+        store.reserve(body.name, body.replace)
+        try:
+            loop = asyncio.get_running_loop()
+            # the first stage is a forward like any other: it runs in the model's one worker thread
+            context = await loop.run_in_executor(
+                engine.executor, engine.make_context, body.name, body.documents, body.size, body.seed
+            )
+        except BaseException:
+            store.release(body.name)
+            raise
+        await asyncio.to_thread(store.commit, context)
+        return _json(201, context.describe())
+
+    @app.get("/v1/contexts")
+    @route("contexts.list")
+    async def list_contexts(request: Request) -> Response:
+        require_contextual()
+        return _json(200, {"object": "list", "data": [c.describe() for c in store.list()]})
+
+    @app.get("/v1/contexts/{name}")
+    @route("contexts.get")
+    async def get_context(request: Request, name: str) -> Response:
+        require_contextual()
+        return _json(200, store.get(check_name(name)).describe())
+
+    @app.delete("/v1/contexts/{name}")
+    @route("contexts.delete")
+    async def delete_context(request: Request, name: str) -> Response:
+        require_contextual()
+        await asyncio.to_thread(store.delete, name)
+        return _json(200, {"object": "context", "name": name, "deleted": True})
+
+    def model_card() -> dict:
+        card = {
+            "id": engine.served_name,
+            "object": "model",
+            "created": engine.created,
+            "owned_by": "cde_st",
+            "contextual": engine.contextual,
+            "dimensions": engine.dimension,
+        }
+        if engine.contextual:
+            card["context_size"] = engine.context_size
+        return card
+
+    @app.get("/v1/models")
+    @route("models")
+    async def list_models(request: Request) -> Response:
+        return _json(200, {"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    @route("models.get")
+    async def get_model(request: Request, model_id: str) -> Response:
+        if model_id != engine.served_name:
+            raise ApiError(404, f"The model {model_id!r} does not exist.", param="model", code="model_not_found")
+        return _json(200, model_card())
+
+    @app.get("/health")
+    @route("health", authenticated=False)
+    async def health(request: Request) -> Response:
+        return _json(200, {"status": "ok", "model": engine.served_name})
+
+    @app.get("/metrics")
+    @route("metrics")
+    async def prometheus(request: Request) -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # unknown paths (404) and methods (405) answer in the same error shape as everything else
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return _error(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code))
+
+    return app

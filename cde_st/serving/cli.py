@@ -1,0 +1,125 @@
+"""``cde-st-serve MODEL``: load the model, the stored contexts and start the HTTP server (uvicorn)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+
+logger = logging.getLogger("cde_st.serving")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cde-st-serve",
+        description="An OpenAI-compatible embedding server with named corpus contexts (docs/serving.md).",
+    )
+    p.add_argument(
+        "model",
+        help="a saved cde_st folder, a released CDE model (folder or hub id) or any sentence-transformers model",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the log line says which)")
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="folder for the stored contexts (default: none; contexts then live in memory only)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the name requests give as 'model' (default: the folder's name or the hub id)",
+    )
+    p.add_argument("--device", default=None, help="torch device (default: sentence-transformers' choice)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--max-batch-size", type=int, default=32, help="texts per forward pass (default 32)")
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long the first request of a batch may wait for others (default 5)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=1024,
+        help="texts that may wait; beyond it requests get 429 with Retry-After (default 1024)",
+    )
+    p.add_argument("--max-inputs", type=int, default=2048, help="texts per request (default 2048, as OpenAI)")
+    p.add_argument("--max-body-mb", type=float, default=32.0, help="request body limit in MiB (default 32)")
+    p.add_argument(
+        "--api-key-env",
+        default=None,
+        help="name of an environment variable holding the API key clients must send (default: no key)",
+    )
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access-log", action="store_true", help="log every request (off: it costs throughput)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        import uvicorn
+
+        from cde_st.serving.app import Settings, create_app
+    except ImportError as exc:
+        sys.exit(f"cde-st-serve needs the serve extra: pip install 'cde_st[serve]' ({exc}).")
+    from cde_st.serving.contexts import ContextStore
+    from cde_st.serving.engine import Engine
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            sys.exit(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty.")
+    if args.max_batch_size < 1 or args.max_queue < 1 or args.max_inputs < 1 or args.max_wait_ms < 0:
+        sys.exit("--max-batch-size, --max-queue and --max-inputs must be >= 1, --max-wait-ms >= 0.")
+
+    engine = Engine(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        served_name=args.served_model_name,
+        max_batch_size=args.max_batch_size,
+    )
+    try:
+        store = ContextStore(args.state_dir, engine.identity)
+    except RuntimeError as exc:
+        sys.exit(str(exc))
+    if engine.model_context is not None:
+        store.add_model_context(engine.model_context)
+    if args.state_dir is None and engine.contextual:
+        logger.warning("No --state-dir: contexts created through the API are lost when the server stops.")
+    settings = Settings(
+        api_key=api_key,
+        max_batch_size=args.max_batch_size,
+        max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue,
+        max_inputs=args.max_inputs,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+    )
+    app = create_app(engine, store, settings)
+
+    # Bound here, not by uvicorn, so that with --port 0 the chosen port is known and printed before serving.
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.listen(2048)
+    port = sock.getsockname()[1]
+    kind = "contextual" if engine.contextual else "plain (no contexts)"
+    print(
+        f"cde-st-serve: model {engine.served_name!r} ({kind}, identity {engine.identity}) listening on "
+        f"http://{args.host}:{port}",
+        flush=True,
+    )
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log, timeout_graceful_shutdown=10)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The served model: loading it, and the two things the server asks of it (embed a batch of texts with a context,
+embed a new context). Every call runs in :attr:`Engine.executor`, one worker thread, so forwards never block the
+event loop and never run two at a time (a second forward would only split the same cores, and the module's active
+context and key/value cache are one slot)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Normalize
+
+from cde_st.context import fingerprint_texts, sample_context
+from cde_st.model import ContextualSentenceTransformer, is_contextual
+from cde_st.released import is_released_checkpoint, resolve_name
+from cde_st.serving.contexts import DEFAULT_NAME, StoredContext
+from cde_st.serving.errors import ApiError
+from cde_st.serving.identity import model_identity
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Batch:
+    """A forward's output, one row per text: embeddings (n, d) float32, tokens read (n,), truncated flags (n,)."""
+
+    embeddings: np.ndarray
+    tokens: np.ndarray
+    truncated: np.ndarray
+
+    def rows(self, start: int, stop: int) -> Batch:
+        return Batch(self.embeddings[start:stop], self.tokens[start:stop], self.truncated[start:stop])
+
+
+def _names_cde_module(name_or_path: str) -> bool:
+    """Whether a model location holds a cde_st model (its modules.json names a cde_st module) or a released CDE
+    checkpoint: those load as ContextualSentenceTransformer, anything else as a plain SentenceTransformer."""
+    name = resolve_name(name_or_path)
+    path = Path(name).expanduser()
+    modules_file = path / "modules.json" if path.is_dir() else None
+    if modules_file is None and name.count("/") == 1 and not path.exists():
+        try:
+            from huggingface_hub import hf_hub_download
+
+            modules_file = Path(hf_hub_download(name, "modules.json"))
+        except Exception:  # no modules.json on the hub (or no hub): decided by the released check below
+            modules_file = None
+    if modules_file is not None and modules_file.is_file():
+        try:
+            modules = json.loads(modules_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            modules = []
+        if any(str(m.get("type", "")).startswith("cde_st") for m in modules if isinstance(m, dict)):
+            return True
+    return is_released_checkpoint(name)
+
+
+def load_model(name_or_path: str, device: str | None = None) -> SentenceTransformer:
+    if _names_cde_module(name_or_path):
+        return ContextualSentenceTransformer(name_or_path, device=device)
+    return SentenceTransformer(name_or_path, device=device)
+
+
+class Engine:
+    """One model and its worker thread. ``model`` may be given already built (tests, benchmarks) instead of a
+    location."""
+
+    def __init__(
+        self,
+        model: str | SentenceTransformer,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        served_name: str | None = None,
+        max_batch_size: int = 32,
+    ) -> None:
+        location = model if isinstance(model, str) else None
+        self.model = load_model(model, device=device) if isinstance(model, str) else model
+        self.model.eval()
+        self.contextual = is_contextual(self.model)
+        # The identity is read before a dtype cast, so a context made in float32 is served in bfloat16 too.
+        self.identity = model_identity(self.model)
+        if dtype is not None and dtype != "float32":
+            if dtype not in DTYPES:
+                raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
+            self.model.to(DTYPES[dtype])
+        self.served_name = served_name or (_default_name(location) if location else "cde-st-model")
+        self.dimension = int(self.model.get_embedding_dimension())
+        self.normalizes = any(isinstance(module, Normalize) for module in self.model)
+        self.max_seq_length = int(self.model.max_seq_length)
+        self.max_batch_size = max_batch_size
+        self.created = int(time.time())
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-model")
+        self._active: StoredContext | None = None
+        self._model_context = self._saved_context()
+        self._active = self._model_context
+
+    # ------------------------------------------------------------------ contexts
+    @property
+    def context_size(self) -> int | None:
+        """J, the model's context slots (None for a plain model)."""
+        return self.model.contextual_module.context_size if self.contextual else None
+
+    def _saved_context(self) -> StoredContext | None:
+        if not self.contextual or self.model.context_info is None:
+            return None
+        info, module = self.model.context_info, self.model.contextual_module
+        return StoredContext(
+            name=DEFAULT_NAME,
+            fingerprint=info.fingerprint,
+            size=info.size,
+            seed=info.seed,
+            vectors=module.context_vectors.detach().float().cpu(),
+            model_identity=self.identity,
+            corpus_size=info.corpus_size,
+            origin="model",
+        )
+
+    @property
+    def model_context(self) -> StoredContext | None:
+        """The context saved in the model folder, served as ``"default"``."""
+        return self._model_context
+
+    def make_context(self, name: str, documents: list[str], size: int | None, seed: int) -> StoredContext:
+        """Sample ``size`` (default J) documents with ``seed``, prompt them and run the first stage: what
+        ``model.set_context(documents, seed=seed)`` does in-process (same sample, same vectors, same fingerprint),
+        for any size up to J (fewer rows leave the remaining slots to the null context)."""
+        module = self.model.contextual_module
+        size = module.context_size if size is None else size
+        if size > module.context_size:
+            raise ApiError(
+                400,
+                f"size {size} exceeds the model's {module.context_size} context slots (J).",
+                param="size",
+                code="context_too_large",
+            )
+        prompt = module.document_prompt
+        # Rotary context rows (cde-small-v2) read an order, so they sample positions as set_context does.
+        keep_order = module.prefix_positions == "sequence"
+        sampled = [prompt + text for text in sample_context(documents, size, seed, keep_order=keep_order)]
+        vectors = module.embed_context_texts(sampled).detach().float().cpu().contiguous()
+        return StoredContext(
+            name=name,
+            fingerprint=fingerprint_texts(sampled),
+            size=size,
+            seed=seed,
+            vectors=vectors,
+            model_identity=self.identity,
+            corpus_size=len(documents),
+        )
+
+    def _activate(self, context: StoredContext | None) -> None:
+        """Make ``context`` the module's active one, so its keys/values are computed once and reused by every
+        batch until another context is asked for (passing vectors per call would recompute them per batch)."""
+        if context is self._active and (context is None) == (self.model.context_info is None):
+            return
+        module = self.model.contextual_module
+        if context is None:
+            module.clear_context()
+        else:
+            module.set_context(context.vectors)
+        self._active = context
+
+    # ------------------------------------------------------------------ embedding
+    def prompt_for(self, input_type: str | None) -> str:
+        """The prompt text a request gets: the model's ``query`` / ``document`` prompt (none if it has no such
+        prompt), or, without ``input_type``, what ``encode()`` applies (the default prompt: a cde_st model's
+        document prompt)."""
+        prompts = self.model.prompts or {}
+        if input_type is None:
+            default = self.model.default_prompt_name
+            return prompts.get(default, "") if default else ""
+        return prompts.get(input_type, "")
+
+    def embed(self, texts: list[str], input_type: str | None, context: StoredContext | None) -> Batch:
+        """One forward over ``texts`` (chunked at ``max_batch_size``) with ``context`` (None: the null context of a
+        contextual model, nothing for a plain one)."""
+        prompt = self.prompt_for(input_type)
+        lengths = np.array(
+            [len(ids) for ids in self.model.tokenizer([prompt + t for t in texts], truncation=False)["input_ids"]]
+        )
+        if self.contextual:
+            self._activate(context)
+        with warnings.catch_warnings():
+            # Serving a contextual model without a context is a choice the response states; no log line per batch.
+            warnings.simplefilter("ignore", UserWarning)
+            embeddings = self.model.encode(
+                texts,
+                prompt=prompt,
+                batch_size=self.max_batch_size,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        return Batch(embeddings, np.minimum(lengths, self.max_seq_length), lengths > self.max_seq_length)
+
+
+def _default_name(location: str) -> str:
+    """The model name a server answers to by default: a hub id as given, a folder by its last part."""
+    path = Path(os.path.expanduser(location))
+    return path.name if path.exists() else location

@@ -1,0 +1,56 @@
+"""Prometheus metrics of one server, in a registry of its own (several apps in one process do not collide)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "cde_st_requests",
+            "HTTP requests answered, by endpoint and status.",
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "cde_st_errors",
+            "Requests answered with an error, by endpoint and error code.",
+            ["endpoint", "code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "cde_st_request_latency_seconds",
+            "Time from a request's arrival to its answer.",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_texts = Histogram(
+            "cde_st_batch_size_texts", "Texts per forward pass.", buckets=BATCH_BUCKETS, registry=self.registry
+        )
+        self.batch_requests = Histogram(
+            "cde_st_batch_size_requests",
+            "Requests coalesced into one forward pass.",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge(
+            "cde_st_queue_depth_texts", "Texts waiting for a forward pass.", registry=self.registry
+        )
+        self.texts = Counter("cde_st_embedded_texts", "Texts embedded.", registry=self.registry)
+        self.tokens = Counter("cde_st_embedded_tokens", "Tokens read by the model.", registry=self.registry)
+
+    def observe_batch(self, n_texts: int, n_requests: int) -> None:
+        self.batch_texts.observe(n_texts)
+        self.batch_requests.observe(n_requests)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
