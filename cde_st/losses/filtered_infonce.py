@@ -351,21 +351,8 @@ class FilteredInfoNCELoss(TwoStageCachedLossMixin, nn.Module):
 
             if self.bidirectional:
                 d = positives[offset + begin : offset + end]
-                # (rows, candidates, guide rows, guide candidates): q->q, d->q, d->d
-                for row_reps, cand_reps, g_rows, g_cands in (
-                    (q, queries, guide_q, guide_q),
-                    (d, queries, guide_d, guide_q),
-                    (d, positives, guide_d, guide_d),
-                ):
-                    scores = cos_sim(row_reps, cand_reps) * self.scale  # (mb, B)
-                    # q_i->q_i and d_i->d_i are self-pairs; d_i->q_i is the positive pair, already counted above.
-                    removed = torch.zeros_like(scores, dtype=torch.bool)
-                    removed[rows, own] = True
-                    if g_rows is not None:
-                        removed |= false_negative_mask(
-                            g_rows[own], g_cands, self.margin, positive_scores=guide_pos[begin:end]
-                        )
-                    blocks.append(scores.masked_fill(removed, -torch.inf))
+                guide_rows = None if guide_pos is None else guide_pos[begin:end]
+                blocks += self._bidirectional_blocks(q, d, queries, positives, (guide_q, guide_d), guide_rows, own)
 
             chunk_loss = (torch.logsumexp(torch.cat(blocks, dim=1), dim=1) - positive_logits).sum() / batch_size
             if with_backward:
@@ -381,6 +368,39 @@ class FilteredInfoNCELoss(TwoStageCachedLossMixin, nn.Module):
                 if rows.requires_grad:
                     torch.autograd.backward(rows, local_grad.to(rows.dtype))
         return total
+
+    def _bidirectional_blocks(
+        self,
+        q: Tensor,
+        d: Tensor,
+        queries: Tensor,
+        positives: Tensor,
+        guide: tuple[Tensor | None, Tensor | None],
+        guide_positive_scores: Tensor | None,
+        own: Tensor,
+    ) -> list[Tensor]:
+        """The GTE-style logits of a chunk of rows: q_i -> q_j, d_i -> q_j and d_i -> d_j, (mb, N) each, with the
+        self-pairs, the positive pair (already a logit) and the guide's false negatives at -inf.
+
+        ``q``, ``d`` (mb, d): the chunk's queries and positives; ``queries``, ``positives`` (N, d): every row;
+        ``guide`` the guide's (queries, documents) (N, d_g) or Nones; ``own`` (mb,): each row's own index."""
+        guide_q, guide_d = guide
+        rows = torch.arange(len(own), device=own.device)
+        blocks = []
+        # (rows, candidates, guide rows, guide candidates): q->q, d->q, d->d
+        for row_reps, cand_reps, g_rows, g_cands in (
+            (q, queries, guide_q, guide_q),
+            (d, queries, guide_d, guide_q),
+            (d, positives, guide_d, guide_d),
+        ):
+            scores = cos_sim(row_reps, cand_reps) * self.scale  # (mb, N)
+            # q_i->q_i and d_i->d_i are self-pairs; d_i->q_i is the positive pair, already counted.
+            removed = torch.zeros_like(scores, dtype=torch.bool)
+            removed[rows, own] = True
+            if g_rows is not None:
+                removed |= false_negative_mask(g_rows[own], g_cands, self.margin, positive_scores=guide_positive_scores)
+            blocks.append(scores.masked_fill(removed, -torch.inf))
+        return blocks
 
     # ------------------------------------------------------------------ sentence-transformers conventions
     def get_config_dict(self) -> dict[str, Any]:
