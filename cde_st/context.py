@@ -1,14 +1,17 @@
 """Sampling and bookkeeping of the corpus context (the J documents the first stage embeds).
 
 One function decides which documents become the context everywhere: the model's ``set_context``, the eval kit
-and the trainer all call :func:`sample_context`, so a (corpus, J, seed) triple always yields the same context.
+and the in-training evaluators all call :func:`sample_context`, which samples the corpus as a set of documents
+(:func:`context_documents`: duplicates and blank documents dropped, a mapping's texts), so a (corpus, J, seed)
+triple always yields the same context.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -61,14 +64,50 @@ def sample_indices(n: int, size: int, seed: int = 0) -> np.ndarray:
     return np.concatenate([tiled, extra])
 
 
-def sample_context(texts: Sequence[str], size: int, seed: int = 0, keep_order: bool = False) -> list[str]:
-    """Sample the ``size`` context documents of a corpus (see :func:`sample_indices`).
+def distinct_documents(texts: Iterable[str]) -> list[str]:
+    """The documents of ``texts`` as a set, in corpus order: each document once (its first occurrence), blank
+    ones (empty or whitespace only) dropped. The core of :func:`context_documents`, for callers whose texts are
+    already checked strings (the eval kit's pools)."""
+    return [t for t in dict.fromkeys(texts) if t.strip()]
 
-    Which documents are chosen is a function of the corpus as a (multi)set: the choice is made over the sorted
-    documents, so the same documents in another order (a shuffled or re-read corpus, another shard order) give the
-    same context, in sorted order. ``keep_order=True`` samples the corpus as given instead (positions, kept in
-    corpus order): for an architecture that reads the order of its context rows (cde-small-v2 gives them rotary
-    positions) the order matters anyway, and the context is then what the released model card's procedure gives.
+
+def context_documents(corpus: Sequence[str] | Mapping[Any, str]) -> list[str]:
+    """The documents a context is sampled from, by the one rule every route follows (``set_context``, the
+    in-training evaluators, the eval kit, :func:`sample_context`):
+
+    - a mapping (``{id: text}``, a BEIR corpus) gives its texts, never its ids;
+    - the texts are checked (:func:`validate_texts`);
+    - the corpus is a set of documents: a repeated document counts once (its first occurrence is kept, so the
+      corpus order survives for the architectures that read it), and blank documents (empty or whitespace only:
+      nothing to embed) are dropped.
+
+    Example:
+        >>> context_documents(["b", "a", "b", " ", "c"])
+        ['b', 'a', 'c']
+    """
+    if isinstance(corpus, Mapping):
+        corpus = list(corpus.values())
+    documents = distinct_documents(validate_texts(corpus))
+    if not documents:
+        raise ValueError(
+            "The context corpus holds only blank documents (empty or whitespace): give at least one with text."
+        )
+    return documents
+
+
+def sample_context(
+    texts: Sequence[str] | Mapping[Any, str], size: int, seed: int = 0, keep_order: bool = False
+) -> list[str]:
+    """Sample the ``size`` context documents of a corpus: its :func:`context_documents` (the corpus as a set:
+    duplicates and blank documents dropped, a mapping's texts), then a seeded choice without replacement (see
+    :func:`sample_indices`; a corpus of fewer than ``size`` distinct documents is tiled evenly).
+
+    Which documents are chosen is a function of the corpus as a set: the choice is made over the sorted documents,
+    so the same documents in another order or repeated (a shuffled or re-read corpus, another shard order, a
+    document listed twice) give the same context, in sorted order. ``keep_order=True`` samples the distinct
+    documents in corpus order instead (positions, kept in corpus order): for an architecture that reads the order
+    of its context rows (cde-small-v2 gives them rotary positions) the order matters anyway, and the context is
+    then what the released model card's procedure gives.
 
     Example:
         >>> sample_context(["d", "c", "b", "a"], size=2, seed=0)
@@ -76,10 +115,10 @@ def sample_context(texts: Sequence[str], size: int, seed: int = 0, keep_order: b
         >>> sample_context(["d", "c", "b", "a"], size=2, seed=0, keep_order=True)
         ['b', 'a']
     """
-    texts = validate_texts(texts)
+    texts = context_documents(texts)
     if keep_order:  # the order is read anyway: sample positions of the corpus as given (as vectors are tiled)
         return [texts[i] for i in sample_indices(len(texts), size, seed)]
-    by_text = sorted(range(len(texts)), key=texts.__getitem__)  # stable: equal texts keep their corpus order
+    by_text = sorted(range(len(texts)), key=texts.__getitem__)
     return [texts[by_text[i]] for i in sample_indices(len(texts), size, seed)]
 
 

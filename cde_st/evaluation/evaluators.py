@@ -17,7 +17,7 @@ Each sets the context for the call only and restores the model's previous contex
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from sentence_transformers.sentence_transformer.evaluation import (
     SequentialEvaluator,
 )
 
-from cde_st.context import ContextInfo, sample_context
+from cde_st.context import ContextInfo, context_documents, sample_context
 from cde_st.data import load_beir
 from cde_st.evaluation.model_context import set_model_context
 from cde_st.model import context_prompt, contextual_module, is_contextual
@@ -64,12 +64,15 @@ def corpus_context(
     previous = module.context_snapshot()
     was_training = module.training
     try:
+        # The corpus as a set of documents (the rule of set_context and of the eval kit's pools), so that the
+        # evaluator and cde-st-eval sample the same context from the same corpus.
+        documents = context_documents(corpus)
         if size == slots:  # J documents: set_context samples them from the corpus and records them
-            info = module.set_context(list(corpus), seed=seed, prompt=prompt, batch_size=batch_size)
+            info = module.set_context(documents, seed=seed, prompt=prompt, batch_size=batch_size)
         else:  # fewer: the sampled documents fill `size` slots, the others stay null
-            texts = sample_context(corpus, size, seed) if size else []
+            texts = sample_context(documents, size, seed) if size else []
             info = set_model_context(model, texts, seed=seed, prompt=prompt, batch_size=batch_size)
-            info.corpus_size = len(corpus)
+            info.corpus_size = len(documents)
         yield info
     finally:
         module.restore_context(previous)
@@ -173,7 +176,8 @@ class ContextualEvaluator(SentenceEvaluator):
         self, evaluator: SentenceEvaluator, corpus: Sequence[str], context_size: int | None = None, seed: int = 0
     ) -> None:
         self.evaluator = evaluator
-        self.corpus = list(corpus)
+        # a mapping ({id: text}) gives its texts, as for set_context
+        self.corpus = list(corpus.values()) if isinstance(corpus, Mapping) else list(corpus)
         self.context_size = context_size
         self.seed = seed
         if not self.corpus:

@@ -12,7 +12,8 @@ Summarization                       the source texts and all human and machine s
 ==================================  ==========================================================================
 
 Pools are read from ``task.dataset`` as mteb loaded it (never reloaded), deduplicated in first-seen order (the
-context is a set of documents; a sentence repeated across pairs must not weigh more), empty strings dropped.
+context is a set of documents; a sentence repeated across pairs must not weigh more), blank strings dropped: the
+rule of :func:`cde_st.context.context_documents`, which ``set_context`` and the in-training evaluators follow too.
 :class:`ContextPlan` then samples the context once per task/subset/split with :func:`cde_st.context.sample_context`
 (seeded, without replacement) and caches it, so a task's queries and documents, its train and test encodings,
 and every chunk of a corpus all see the same context.
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cde_st.context import fingerprint_texts, sample_context
+from cde_st.context import distinct_documents, fingerprint_texts, sample_context
 from cde_st.data import document_text
 
 logger = logging.getLogger(__name__)
@@ -46,8 +47,9 @@ def _texts(values: Iterable[Any]) -> Iterator[str]:
 
 
 def unique_texts(values: Iterable[Any]) -> list[str]:
-    """Strings of ``values`` (nested lists flattened), deduplicated in first-seen order, empty ones dropped."""
-    return [t for t in dict.fromkeys(_texts(values)) if t.strip()]
+    """Strings of ``values`` (nested lists flattened) as a set of documents, by the rule every context follows
+    (:func:`cde_st.context.distinct_documents`): deduplicated in first-seen order, blank ones dropped."""
+    return distinct_documents(_texts(values))
 
 
 def _subset_data(task: Any, hf_subset: str) -> Any:

@@ -24,11 +24,11 @@ from safetensors.torch import save_file
 from cde_st.context import (
     ContextInfo,
     check_seed,
+    context_documents,
     fingerprint_array,
     fingerprint_texts,
     sample_context,
     sample_indices,
-    validate_texts,
 )
 from cde_st.modules.caller import caller_stacklevel
 from cde_st.modules.integrity import corrupt_file_error
@@ -98,7 +98,7 @@ class ContextState:
 
     def _embed_corpus(self, corpus, seed, prompt, batch_size, show_progress_bar):
         """:meth:`embed_context`, plus the sampled (prompted) documents, which set_context keeps."""
-        corpus = validate_texts(corpus)
+        corpus = context_documents(corpus)  # the corpus as a set of documents, the rule of every route
         prompt = self.document_prompt if prompt is None else prompt
         # Position-free context rows (ours) read a set; cde-small-v2's rotary context rows read an order.
         keep_order = self.prefix_positions == "sequence"
@@ -126,8 +126,9 @@ class ContextState:
         first-stage vectors of shape (n, hidden_size) with n <= context_size. Returns the :class:`ContextInfo`.
 
         The sample depends only on the corpus as a set of documents, ``context_size`` and ``seed`` (a non-negative
-        int), not on the corpus order (see :func:`cde_st.context.sample_context`; an architecture whose context rows
-        carry positions, cde-small-v2, gets the chosen documents in corpus order). A numpy array of strings counts
+        int), not on the corpus order nor on repeats: a repeated document counts once, blank documents are dropped,
+        a mapping (``{id: text}``) gives its texts (see :func:`cde_st.context.context_documents`; an architecture
+        whose context rows carry positions, cde-small-v2, gets the chosen documents in corpus order). A numpy array of strings counts
         as texts; vectors that require grad are used detached. The context stays current: if the weights it was
         embedded with change (training, an optimizer step, ``load_state_dict``, ``param.data = ...``), the next
         encode or :meth:`save` re-embeds the same documents."""

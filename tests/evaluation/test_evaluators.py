@@ -158,3 +158,42 @@ def test_evaluator_data_that_cannot_be_scored_is_refused(make, message):
     evaluator = make()
     with pytest.raises(ValueError, match=f"{type(evaluator).__name__} '{evaluator.name}': {message}"):
         ContextualEvaluator(evaluator, corpus=["some text"])
+
+
+def test_evaluator_and_eval_kit_sample_the_same_context(make_tiny_cde, tmp_path):
+    """The in-training evaluator and cde-st-eval's context plan take the same J documents from the same corpus,
+    repeated and blank documents included (the corpus is a set of documents for both)."""
+    from evaluation_helpers import loaded, write_jsonl
+
+    from cde_st.evaluation.pools import ContextPlan
+
+    folder = tmp_path / "retrieval" / "dups"
+    texts = [f"passage {i} on {TOPICS[i % 8]}" for i in range(10)]
+    corpus = [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(texts)]
+    corpus += [{"_id": f"r{i}", "title": "", "text": texts[i % 3]} for i in range(12)]  # the same texts again
+    corpus += [{"_id": "blank", "title": "", "text": "  "}]
+    write_jsonl(folder / "corpus.jsonl", corpus)
+    write_jsonl(folder / "queries.jsonl", [{"_id": f"q{i}", "text": f"what about {TOPICS[i]}"} for i in range(3)])
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(3))
+    )
+
+    model = make_tiny_cde(context_size=4)
+    module = model.contextual_module
+    seen = []
+    evaluator = ContextualRetrievalEvaluator(folder, seed=3)
+    with corpus_context(model, evaluator.corpus, seed=3):
+        seen.append(list(module._context_texts))
+    task = loaded(folder)
+    plan = ContextPlan(size=4, seed=3)
+    plan.register(task)
+    choice = plan.choose(task.metadata.name, "default", "test")
+    prompt = model.prompts.get("document", "")
+    assert seen[0] == [prompt + t for t in choice.texts]
+
+
+def test_contextual_evaluator_takes_the_texts_of_a_mapping():
+    sts = EmbeddingSimilarityEvaluator(["a b", "c d"], ["a c", "b d"], [0.1, 0.9])
+    evaluator = ContextualEvaluator(sts, corpus={"id1": "rain falls", "id2": "stocks fell"}, context_size=2)
+    assert evaluator.corpus == ["rain falls", "stocks fell"]
