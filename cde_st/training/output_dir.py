@@ -1,19 +1,28 @@
 """The output folder of a run: what a new run refuses to overwrite, what a resumed run must keep, and what
 ``overwrite_output_dir`` may remove.
 
-A folder that already holds a run (checkpoints, a final model or a summary) is refused unless the run is resumed
-or ``overwrite_output_dir`` replaces it; a resumed run must have the config its checkpoints were trained with
-(except :data:`RESUMABLE_FIELDS`), a finished run is left as it is, and overwriting never removes an input of the
-new run.
+A folder belongs to one run at a time: a running run holds :data:`LOCK_FILE` in it (:func:`run_lock`), and a second
+run into the same folder is refused naming the holder. A folder that already holds a run (checkpoints, a final model
+or a summary) is refused unless the run is resumed or ``overwrite_output_dir`` replaces it; a resumed run must have
+the config its checkpoints were trained with (except :data:`RESUMABLE_FIELDS`) and checkpoint files that can be read,
+a finished run is left as it is, and overwriting removes only what a run wrote (listed in :data:`MANIFEST_FILE`),
+never an input of the new run nor anything else.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import glob
 import json
 import logging
 import os
+import shlex
 import shutil
+import socket
+import sys
+import zipfile
+from collections.abc import Iterator
 from typing import Any
 
 from cde_st.training.config import TrainConfig, TrainConfigError
@@ -33,12 +42,26 @@ RESUMABLE_FIELDS = frozenset(
         "output_dir",
     }
 )
-# What a run writes into its output folder (removed by ``overwrite_output_dir``; other files are left alone).
+# The names a run writes into its output folder. Overwriting removes those of them the folder's manifest lists.
 _RUN_OUTPUTS = ("checkpoint-*", "final", "train_summary.json", "train_config.json", "_tiny_base")
+#: Held by the run that is training into the folder (pid, host, start time, command); removed when it ends.
+LOCK_FILE = "cde_st_run.lock"
+#: What the runs in this folder wrote (``{"outputs": [names]}``): all that ``overwrite_output_dir`` may remove.
+MANIFEST_FILE = "cde_st_outputs.json"
+# The files of a checkpoint the trainer reads back on resume (torch zip archives / JSON).
+_CHECKPOINT_ARCHIVES = ("optimizer.pt", "scheduler.pt")
 
 
 class OutputDirError(FileExistsError):
     """The output folder holds an earlier run, and neither resuming nor overwriting it was asked for."""
+
+
+class OutputDirInUseError(OutputDirError):
+    """Another training run holds the output folder (its :data:`LOCK_FILE`)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint to resume from is empty, incomplete or holds a file that cannot be read."""
 
 
 class ResumeConfigError(TrainConfigError):
@@ -49,14 +72,221 @@ class RunFinishedError(RuntimeError):
     """A resumed run whose checkpoint already reached the configured length: there is nothing to train."""
 
 
+# ----------------------------------------------------------------------------------------- one run per folder
+def _lock_record(command: str | None) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command if command is not None else shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+    }
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _describe_holder(holder: dict[str, Any]) -> str:
+    return (
+        f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}, "
+        f"command: {holder.get('command', '?')}"
+    )
+
+
+def _take_lock(path: str, record: dict[str, Any]) -> bool:
+    """Create ``path`` holding ``record`` if no one holds it (atomic: O_CREAT | O_EXCL); False if it exists."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2)
+    return True
+
+
+@contextlib.contextmanager
+def run_lock(output_dir: str, command: str | None = None) -> Iterator[None]:
+    """Hold ``output_dir`` for one run: :data:`LOCK_FILE` is created atomically in it (pid, host, start time,
+    command) and removed at the end. A folder another run holds is an :class:`OutputDirInUseError` naming that run;
+    the lock of a process that no longer runs on this host is taken over, with a warning (a run that was killed)."""
+    _refuse_a_file(output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, LOCK_FILE)
+    record = _lock_record(command)
+    while not _take_lock(path, record):
+        try:
+            with open(path, encoding="utf-8") as f:
+                holder = json.load(f)
+        except FileNotFoundError:  # released in between: try again
+            continue
+        except (OSError, ValueError):
+            holder = {}
+        if not isinstance(holder, dict):
+            holder = {}
+        same_host = holder.get("host") == socket.gethostname()
+        if same_host and not _pid_alive(holder.get("pid")):
+            logger.warning(
+                "%s: the run that held this folder (%s) is no longer running; taking it over.",
+                path,
+                _describe_holder(holder),
+            )
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            continue  # two runs taking over at once: O_EXCL lets one of them win
+        if holder:
+            who = f"another training run: {_describe_holder(holder)}"
+        else:
+            who = "a run whose lock cannot be read"
+        raise OutputDirInUseError(
+            f"Output folder {output_dir} is in use by {who} (lock file {path}). Two runs in one folder would mix "
+            "their checkpoints and final model. Wait for it to finish, or choose another output_dir (--output-dir). "
+            f"If that run is gone (killed on another machine), delete {path} and start again."
+        )
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            with open(path, encoding="utf-8") as f:
+                mine = json.load(f)
+            if mine.get("pid") == record["pid"] and mine.get("started") == record["started"]:
+                os.remove(path)
+
+
+# -------------------------------------------------------------------------------------- what a run wrote
+def _read_manifest(output_dir: str) -> dict[str, Any] | None:
+    path = os.path.join(output_dir, MANIFEST_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as err:
+        raise OutputDirError(
+            f"{path} (the list of what earlier runs wrote here) cannot be read ({err}); without it, cde_st cannot "
+            "tell its outputs from yours. Nothing was removed. Move what you want to keep elsewhere and remove the "
+            "folder's run outputs yourself, or choose a new output_dir (--output-dir)."
+        ) from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("outputs"), list):
+        raise OutputDirError(f'{path} is not a cde_st output manifest (expected {{"outputs": [...]}}).')
+    return manifest
+
+
+def record_outputs(output_dir: str, *names: str) -> None:
+    """Add ``names`` (entries of ``output_dir``) to the folder's :data:`MANIFEST_FILE`, before or as the run writes
+    them: what is listed there is what ``overwrite_output_dir`` may remove."""
+    manifest = _read_manifest(output_dir) or {"written_by": "cde_st", "outputs": []}
+    new = [n for n in names if n not in manifest["outputs"]]
+    if not new:
+        return
+    manifest["outputs"] = [*manifest["outputs"], *new]
+    path = os.path.join(output_dir, MANIFEST_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def _is_older_cde_st_run(output_dir: str) -> bool:
+    """A folder of a cde_st version that wrote no manifest: its train_config.json is a TrainConfig dict."""
+    path = os.path.join(output_dir, "train_config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and "output_dir" in saved and "train_data" in saved
+
+
+def _refuse_a_file(output_dir: str) -> None:
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise OutputDirError(
+            f"output_dir {output_dir} is a file, not a folder: a run writes its checkpoints and final model into a "
+            "folder. Nothing was changed. Choose a folder path (--output-dir DIR)."
+        )
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+def _checkpoint_problem(checkpoint: str) -> str | None:
+    """What makes ``checkpoint`` impossible to resume from (None: nothing found): empty, no trainer state, an
+    optimizer/scheduler/RNG file that is missing or not a readable torch archive, a trainer state that is not JSON."""
+    entries = os.listdir(checkpoint)
+    if not entries:
+        return "is empty (the run stopped while saving it?)"
+    state_path = os.path.join(checkpoint, "trainer_state.json")
+    if not os.path.exists(state_path):
+        return "has no trainer_state.json (it is incomplete)"
+    try:
+        with open(state_path, encoding="utf-8") as f:
+            state = json.load(f)
+        if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+            raise ValueError("not the trainer's state (no global_step)")
+    except (OSError, ValueError) as err:
+        return f"holds trainer_state.json, which is corrupt and cannot be read ({err})"
+    for name in _CHECKPOINT_ARCHIVES:
+        if not os.path.exists(os.path.join(checkpoint, name)):
+            return f"has no {name} (resuming would silently restart the optimizer and learning-rate schedule)"
+    archives = [*_CHECKPOINT_ARCHIVES, *sorted(n for n in entries if n.startswith("rng_state") and n.endswith(".pth"))]
+    for name in archives:
+        try:
+            with zipfile.ZipFile(os.path.join(checkpoint, name)) as archive:
+                bad = archive.testzip()
+            if bad is not None:
+                raise zipfile.BadZipFile(f"member {bad} fails its checksum")
+        except (OSError, zipfile.BadZipFile) as err:
+            return f"holds {name}, which is corrupt and cannot be read ({err})"
+    return None
+
+
+def check_checkpoint(checkpoint: str, output_dir: str | None = None) -> None:
+    """A :class:`CheckpointError` naming the file and what to do when ``checkpoint`` cannot be resumed from."""
+    problem = _checkpoint_problem(checkpoint)
+    if problem is None:
+        return
+    others = [] if output_dir is None else [c for c in checkpoints(output_dir) if c != os.path.basename(checkpoint)]
+    earlier = next(
+        (
+            os.path.join(output_dir, c)
+            for c in reversed(others)
+            if _checkpoint_problem(os.path.join(output_dir, c)) is None
+        ),
+        None,
+    )
+    what = (
+        f"Resume from the newest readable checkpoint with --resume {earlier} (or delete {checkpoint} and --resume)"
+        if earlier
+        else "Resume from another checkpoint (--resume PATH), or start the run again (--overwrite-output-dir)"
+    )
+    raise CheckpointError(f"Cannot resume: checkpoint {checkpoint} {problem}. Nothing was changed. {what}.")
+
+
+def _trainer_state(checkpoint: str) -> dict[str, Any] | None:
+    state_path = os.path.join(checkpoint, "trainer_state.json")
+    if not os.path.exists(state_path):
+        return None
+    try:
+        with open(state_path, encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"Cannot resume: {state_path} is corrupt and cannot be read ({err}). Resume from another checkpoint "
+            "(--resume PATH)."
+        ) from None
+    return state if isinstance(state, dict) else None
+
+
 def refuse_to_resume_a_finished_run(cfg: TrainConfig, checkpoint: str) -> None:
     """A :class:`RunFinishedError` when ``checkpoint`` already trained as far as ``cfg`` asks (``max_steps``, or
     the epochs the run was planned with): resuming it would train past the end and replace ``final/``."""
-    state_path = os.path.join(checkpoint, "trainer_state.json")
-    if not os.path.exists(state_path):
+    state = _trainer_state(checkpoint)
+    if state is None:
         return
-    with open(state_path, encoding="utf-8") as f:
-        state = json.load(f)
     step, planned = state.get("global_step", 0), state.get("max_steps", 0)
     if cfg.max_steps > 0:
         finished, target = step >= cfg.max_steps, f"max_steps = {cfg.max_steps}"
@@ -127,13 +357,17 @@ def prepare_output_dir(
     """Make ``cfg.output_dir`` ready for a run and write its ``train_config.json``.
 
     An output folder that already holds a run (checkpoints, a final model or a summary) is refused unless the run
-    is resumed or ``overwrite_output_dir`` removes that run's outputs first. A resumed run must have the config its
-    checkpoints were trained with, except :data:`RESUMABLE_FIELDS` (how long to train, what to log and keep) or
-    with ``allow_config_change``; otherwise a :class:`ResumeConfigError` lists the changed fields.
+    is resumed or ``overwrite_output_dir`` removes that run's outputs first: only what the folder's
+    :data:`MANIFEST_FILE` lists (or, in a folder an older cde_st wrote, its run outputs); anything else of the
+    same names stops the overwrite before anything is removed. A resumed run must have the config its checkpoints
+    were trained with, except :data:`RESUMABLE_FIELDS` (how long to train, what to log and keep) or with
+    ``allow_config_change``; otherwise a :class:`ResumeConfigError` lists the changed fields. The checkpoint it
+    resumes from must be complete and readable (:func:`check_checkpoint`).
     """
     out = cfg.output_dir
     if resume and overwrite_output_dir:
         raise ValueError("Choose one of resume (--resume) and overwrite_output_dir (--overwrite-output-dir).")
+    _refuse_a_file(out)
     config_path = os.path.join(out, "train_config.json")
     if resume:
         checkpoint_dir = resume if isinstance(resume, str) else None
@@ -141,13 +375,24 @@ def prepare_output_dir(
             raise FileNotFoundError(f"Cannot resume: {out} holds no checkpoint-* folder (nothing was saved there yet).")
         if checkpoint_dir is not None and not os.path.isdir(checkpoint_dir):
             raise FileNotFoundError(f"Cannot resume: checkpoint folder {checkpoint_dir} does not exist.")
+        checkpoint = checkpoint_dir or os.path.join(out, checkpoints(out)[-1])
         candidates = [config_path]
         if checkpoint_dir is not None:
             candidates.append(os.path.join(os.path.dirname(os.path.abspath(checkpoint_dir)), "train_config.json"))
         previous_path = next((p for p in candidates if os.path.exists(p)), None)
         if previous_path is not None and not allow_config_change:
-            with open(previous_path, encoding="utf-8") as f:
-                changed = _changed_fields(json.load(f), cfg)
+            try:
+                with open(previous_path, encoding="utf-8") as f:
+                    previous = json.load(f)
+                if not isinstance(previous, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as err:
+                raise ResumeConfigError(
+                    f"Cannot resume: {previous_path} (the config the checkpoints were trained with) is corrupt and "
+                    f"cannot be read ({err}). Restore it, or pass allow_config_change=True (--allow-config-change) "
+                    "to resume with the given config."
+                ) from None
+            changed = _changed_fields(previous, cfg)
             if changed:
                 raise ResumeConfigError(
                     f"Cannot resume with a changed config: the run's checkpoints were trained with {previous_path}, "
@@ -155,7 +400,8 @@ def prepare_output_dir(
                     "Resume with the same config, train into a new --output-dir, or pass allow_config_change=True "
                     "(--allow-config-change) to resume with these changes anyway."
                 )
-        refuse_to_resume_a_finished_run(cfg, checkpoint_dir or os.path.join(out, checkpoints(out)[-1]))
+        check_checkpoint(checkpoint, out if checkpoint_dir is None else os.path.dirname(os.path.abspath(checkpoint)))
+        refuse_to_resume_a_finished_run(cfg, checkpoint)
     else:
         earlier = checkpoints(out) if os.path.isdir(out) else []
         earlier += [n for n in ("final", "train_summary.json") if os.path.exists(os.path.join(out, n))]
@@ -166,11 +412,51 @@ def prepare_output_dir(
                 "choose a new output_dir (--output-dir)."
             )
         if overwrite_output_dir and os.path.isdir(out):
-            doomed = [p for pattern in _RUN_OUTPUTS for p in glob.glob(os.path.join(glob.escape(out), pattern))]
-            _refuse_to_remove_inputs(cfg, doomed)
-            for path in doomed:
-                logger.warning("overwrite_output_dir: removing %s", path)
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+            _overwrite(cfg, out)
     os.makedirs(out, exist_ok=True)
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(cfg.to_dict(), f, indent=2)
+    written = ["train_config.json"]
+    if "tiny" in (cfg.base_model, cfg.surrogate, cfg.guide):
+        written.append("_tiny_base")
+    record_outputs(out, *written)
+
+
+def _overwrite(cfg: TrainConfig, out: str) -> None:
+    """Remove the earlier run's outputs from ``out``: what the manifest lists, nothing else (see
+    :func:`prepare_output_dir`)."""
+    found = sorted(
+        {os.path.basename(p) for pattern in _RUN_OUTPUTS for p in glob.glob(os.path.join(glob.escape(out), pattern))}
+    )
+    _refuse_to_remove_inputs(cfg, [os.path.join(out, name) for name in found])
+    manifest = _read_manifest(out)
+    if manifest is not None:
+        ours = set(manifest["outputs"])
+    elif _is_older_cde_st_run(out):
+        logger.warning(
+            "overwrite_output_dir: %s was written by an older cde_st (no %s); removing its run outputs %s",
+            out,
+            MANIFEST_FILE,
+            found,
+        )
+        ours = set(found)
+    else:
+        ours = set()
+    foreign = [name for name in found if name not in ours]
+    if foreign:
+        why = (
+            f"{MANIFEST_FILE} does not list them"
+            if manifest is not None
+            else "the folder never held a cde_st run (no " + MANIFEST_FILE + ")"
+        )
+        raise OutputDirError(
+            f"overwrite_output_dir (--overwrite-output-dir) would remove {', '.join(foreign)} in {out}, which were "
+            f"not written by a cde_st run ({why}). Nothing was removed. Move them elsewhere (or delete them "
+            "yourself), or choose a new output_dir (--output-dir)."
+        )
+    for name in found:
+        path = os.path.join(out, name)
+        logger.warning("overwrite_output_dir: removing %s", path)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(out, MANIFEST_FILE))

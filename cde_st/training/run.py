@@ -10,8 +10,10 @@ data, batching and loss. ``cde-st-train`` and ``train/train_cde.py`` are thin ov
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import time
 from functools import partial
@@ -24,6 +26,7 @@ from sentence_transformers.base.modules import Transformer
 from sentence_transformers.base.sampler import BatchSamplers
 from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
 from sentence_transformers.sentence_transformer.modules import Pooling
+from transformers import TrainerCallback
 
 from cde_st._defaults import default_surrogate_model_path, load_default_surrogate
 from cde_st.batching import ClusteredBatchSampler
@@ -33,7 +36,13 @@ from cde_st.model import ContextualSentenceTransformer, contextual_module, is_co
 from cde_st.prompts import DOCUMENT_PROMPT, QUERY_PROMPT
 from cde_st.training.config import TrainConfig
 from cde_st.training.data import TRAIN_DATA_HELP, NoTrainingDataError, load_pairs, pairs_for_max_steps
-from cde_st.training.output_dir import checkpoints, prepare_output_dir, refuse_to_resume_a_finished_run
+from cde_st.training.output_dir import (
+    checkpoints,
+    prepare_output_dir,
+    record_outputs,
+    refuse_to_resume_a_finished_run,
+    run_lock,
+)
 from cde_st.training.tiny import build_tiny_encoder
 
 logger = logging.getLogger(__name__)
@@ -205,6 +214,37 @@ class MainProcessSavingTrainer(SentenceTransformerTrainer):
             super()._save(output_dir, state_dict=state_dict)
 
 
+class _RecordCheckpoints(TrainerCallback):
+    """Lists each checkpoint in the output folder's manifest as the trainer is about to write it, so that
+    ``--overwrite-output-dir`` may later remove it (and nothing it did not write)."""
+
+    def __init__(self, output_dir: str) -> None:
+        self.output_dir = output_dir
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save and state.is_world_process_zero:
+            record_outputs(self.output_dir, f"checkpoint-{state.global_step}")
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            record_outputs(self.output_dir, f"checkpoint-{state.global_step}")
+
+
+def _warn_if_nothing_was_learned(trainer: SentenceTransformerTrainer, cfg: TrainConfig) -> None:
+    """A warning when every logged training loss was 0: the loss had nothing to tell apart (e.g. every in-batch
+    negative filtered as a false negative, or batches of one pair), so the run changed nothing."""
+    losses = [entry["loss"] for entry in trainer.state.log_history if isinstance(entry.get("loss"), (int, float))]
+    if losses and all(math.isfinite(v) and abs(v) < 1e-12 for v in losses):
+        logger.warning(
+            "The training loss was 0 at every logged step (%d): the model learned nothing from %s. Each query's "
+            "document was the only candidate left in its batch: check that the pairs differ from each other and "
+            "that filter_false_negatives (margin %s) does not drop every negative.",
+            len(losses),
+            cfg.train_data,
+            cfg.margin,
+        )
+
+
 def train(
     cfg: TrainConfig,
     resume: bool | str = False,
@@ -219,7 +259,24 @@ def train(
     the config differs from the checkpoints' (see :func:`prepare_output_dir`). ``evaluator``: a
     sentence-transformers evaluator to use instead of ``eval_folder``'s; for a contextual model it goes through
     :func:`cde_st.evaluation.evaluators.with_corpus_context` (a stock ``InformationRetrievalEvaluator`` gets its own corpus as
-    context, other evaluators must come wrapped in :class:`~cde_st.evaluation.evaluators.ContextualEvaluator`)."""
+    context, other evaluators must come wrapped in :class:`~cde_st.evaluation.evaluators.ContextualEvaluator`).
+
+    The output folder belongs to this run while it trains (:func:`~cde_st.training.output_dir.run_lock`): a second
+    run into it is refused, naming this one."""
+    # Under torchrun / accelerate launch every rank runs this function; only rank 0 touches the output folder.
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    with run_lock(cfg.output_dir) if is_main else contextlib.nullcontext():
+        return _train(cfg, resume, overwrite_output_dir, allow_config_change, evaluator, is_main)
+
+
+def _train(
+    cfg: TrainConfig,
+    resume: bool | str,
+    overwrite_output_dir: bool,
+    allow_config_change: bool,
+    evaluator: SentenceEvaluator | None,
+    is_main: bool,
+) -> SentenceTransformer:
     if not cfg.train_data:
         raise NoTrainingDataError(f"the training config has no training data: set train_data to {TRAIN_DATA_HELP}.")
     if evaluator is not None and cfg.eval_folder:
@@ -227,8 +284,6 @@ def train(
             f"Give either eval_folder ({cfg.eval_folder!r}) or an evaluator ({type(evaluator).__name__}), not both."
         )
     torch.manual_seed(cfg.seed)
-    # Under torchrun / accelerate launch every rank runs this function; only rank 0 touches the output folder.
-    is_main = int(os.environ.get("RANK", "0")) == 0
     if is_main:
         prepare_output_dir(cfg, resume, overwrite_output_dir, allow_config_change)
     elif resume and (isinstance(resume, str) or checkpoints(cfg.output_dir)):
@@ -291,12 +346,15 @@ def train(
         evaluator=evaluator,
         optimizers=(build_optimizer(cfg, model), None),  # the trainer adds its linear warm-up schedule
     )
+    trainer.add_callback(_RecordCheckpoints(cfg.output_dir))
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume or None)
     wall = time.perf_counter() - start
     if not trainer.is_world_process_zero():
         return model
+    _warn_if_nothing_was_learned(trainer, cfg)
     final_dir = os.path.join(cfg.output_dir, "final")
+    record_outputs(cfg.output_dir, "final", "train_summary.json")
     model.save(final_dir)
     summary = {
         "train_wall_seconds": round(wall, 1),

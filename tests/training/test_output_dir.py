@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import pytest
 
@@ -117,3 +119,161 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is finished" in err and "step 2" in err and "Nothing was changed" in err, err
     assert snapshot() == before
+
+
+# ------------------------------------------------------------------------------------------- one run per folder
+def _cfg(out, **fields):
+    return TrainConfig.from_preset("tiny", output_dir=str(out), model="biencoder", batching="random", **fields)
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_naming_the_holder(tmp_path):
+    from cde_st.training import OutputDirInUseError, run_lock
+
+    out = tmp_path / "run"
+    with run_lock(str(out), command="cde-st-train --preset tiny (first)"):
+        lock = json.loads((out / "cde_st_run.lock").read_text())
+        assert lock["pid"] == os.getpid() and lock["host"] == socket.gethostname() and lock["started"]
+        with pytest.raises(OutputDirInUseError) as err:
+            train(_cfg(out, seed=7))
+        message = str(err.value)
+        assert f"pid {os.getpid()}" in message and socket.gethostname() in message and "(first)" in message
+        assert "cde_st_run.lock" in message
+        assert not (out / "train_config.json").exists()  # the second run wrote nothing
+    assert not (out / "cde_st_run.lock").exists()  # released with the run
+
+
+def test_the_lock_of_a_dead_process_on_this_host_is_taken_over_with_a_warning(tmp_path, caplog):
+    import subprocess
+    import sys
+
+    from cde_st.training import run_lock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = {"pid": gone.pid, "host": socket.gethostname(), "started": "yesterday", "command": "killed run"}
+    (out / "cde_st_run.lock").write_text(json.dumps(stale))
+    with caplog.at_level("WARNING"), run_lock(str(out), command="new run"):
+        assert json.loads((out / "cde_st_run.lock").read_text())["pid"] == os.getpid()
+    assert f"pid {gone.pid}" in caplog.text and "taking it over" in caplog.text
+
+
+def test_a_lock_held_on_another_host_is_not_taken_over(tmp_path):
+    from cde_st.training import OutputDirInUseError, run_lock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    other = {"pid": 1, "host": "another-machine", "started": "now", "command": "torchrun ..."}
+    (out / "cde_st_run.lock").write_text(json.dumps(other))
+    with pytest.raises(OutputDirInUseError, match=r"pid 1 on another-machine.*delete .*cde_st_run\.lock"):
+        with run_lock(str(out), command="x"):
+            pass
+    assert json.loads((out / "cde_st_run.lock").read_text()) == other
+
+
+# ------------------------------------------------------------------------------------ overwrite: only our outputs
+@pytest.mark.parametrize("user_folder", ["final", "checkpoint-3"])
+def test_overwrite_never_removes_a_users_folder_in_a_folder_that_never_held_a_run(tmp_path, capsys, user_folder):
+    out = tmp_path / "mine"
+    (out / user_folder).mkdir(parents=True)
+    (out / user_folder / "model.safetensors").write_bytes(b"the user's own model")
+    argv = ["--preset", "tiny", "--output-dir", str(out), "--overwrite-output-dir"]
+    with pytest.raises(SystemExit) as exc:
+        train_main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1, err
+    assert user_folder in err and "not written by a cde_st run" in err and "Nothing was removed" in err
+    assert (out / user_folder / "model.safetensors").read_bytes() == b"the user's own model"
+
+
+def test_overwrite_removes_what_the_manifest_lists_and_nothing_else(tmp_path):
+    from cde_st.training import OutputDirError, prepare_output_dir, record_outputs
+
+    out = tmp_path / "run"
+    cfg = _cfg(out)
+    prepare_output_dir(cfg)
+    record_outputs(str(out), "checkpoint-2", "final")
+    for name in ("checkpoint-2", "final", "notes"):
+        (out / name).mkdir()
+    (out / "final" / "model.safetensors").write_text("ours")
+    manifest = json.loads((out / "cde_st_outputs.json").read_text())
+    assert {"train_config.json", "checkpoint-2", "final"} <= set(manifest["outputs"])
+    prepare_output_dir(cfg, overwrite_output_dir=True)
+    assert not (out / "checkpoint-2").exists() and not (out / "final").exists()
+    assert (out / "notes").is_dir()  # not ours: left alone
+    # a checkpoint the manifest does not list (copied in by hand) stops the overwrite
+    (out / "checkpoint-9").mkdir()
+    with pytest.raises(OutputDirError, match=r"checkpoint-9.*not written by a cde_st run"):
+        prepare_output_dir(cfg, overwrite_output_dir=True)
+    assert (out / "checkpoint-9").is_dir()
+
+
+def test_a_run_folder_of_an_older_cde_st_without_manifest_is_still_overwritten(tmp_path, caplog):
+    from cde_st.training import prepare_output_dir
+
+    out = tmp_path / "run"
+    cfg = _cfg(out)
+    _fake_run(out, cfg)  # train_config.json, checkpoint-2, final: no manifest
+    with caplog.at_level("WARNING"):
+        prepare_output_dir(cfg, overwrite_output_dir=True)
+    assert not (out / "checkpoint-2").exists() and not (out / "final").exists()
+    assert "older cde_st" in caplog.text
+
+
+def test_an_output_dir_that_is_a_file_is_a_clear_error(tmp_path, capsys):
+    path = tmp_path / "out.txt"
+    path.write_text("not a folder")
+    with pytest.raises(SystemExit):
+        train_main(["--preset", "tiny", "--output-dir", str(path)])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(path) in err and "is a file" in err and "--output-dir" in err, err
+    assert path.read_text() == "not a folder"
+
+
+# ------------------------------------------------------------------------------------- resume over broken files
+def _checkpoint(out, cfg, step=2):
+    import torch
+
+    ckpt = out / f"checkpoint-{step}"
+    ckpt.mkdir(parents=True)
+    (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 4}))
+    torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
+    torch.save({"last_epoch": step}, ckpt / "scheduler.pt")
+    torch.save({"python": None}, ckpt / "rng_state.pth")
+    return ckpt
+
+
+@pytest.mark.parametrize(
+    "broken, expected",
+    [
+        ("optimizer.pt", r"optimizer\.pt.*(corrupt|cannot be read)"),
+        ("scheduler.pt", r"scheduler\.pt.*(corrupt|cannot be read)"),
+        ("rng_state.pth", r"rng_state\.pth.*(corrupt|cannot be read)"),
+        ("trainer_state.json", r"trainer_state\.json.*(corrupt|cannot be read)"),
+    ],
+)
+def test_resume_over_a_corrupted_checkpoint_file_names_it(tmp_path, broken, expected):
+    from cde_st.training import prepare_output_dir
+
+    out = tmp_path / "run"
+    cfg = _cfg(out, max_steps=4)
+    ckpt = _checkpoint(out, cfg)
+    (ckpt / broken).write_bytes((ckpt / broken).read_bytes()[:20])  # truncated
+    with pytest.raises(ValueError, match=expected) as err:
+        prepare_output_dir(cfg, resume=True)
+    assert "checkpoint-2" in str(err.value) and "--resume" in str(err.value)
+
+
+def test_resume_from_an_empty_checkpoint_folder_names_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    cfg = _cfg(out, max_steps=4)
+    _checkpoint(out, cfg, step=2)
+    (out / "checkpoint-4").mkdir()  # the newest: empty (the run died while saving)
+    argv = ["--preset", "tiny", "--output-dir", str(out), "--set", "model=biencoder", "batching=random"]
+    with pytest.raises(SystemExit):
+        train_main([*argv, "max_steps=6", "--resume"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "checkpoint-4" in err and "empty" in err and "checkpoint-2" in err, err
