@@ -51,7 +51,13 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "max_seq_length": (lambda v: v >= 1, "must be >= 1"),
     "max_pairs": (_positive_or_none, "must be >= 1, or null for all pairs"),
     "cluster_size": (_positive_or_none, "must be >= 1, or null for the batch size (the paper's choice)"),
-    "batch_size": (lambda v: v >= 1, "must be >= 1"),
+    # InfoNCE tells a query's document apart from the batch's other documents: with one pair per batch its document
+    # is the only candidate, the loss is 0 at every step and nothing is learned.
+    "batch_size": (
+        lambda v: v >= 2,
+        "must be >= 2: with batch_size = 1 a query's document is the only candidate, so the loss is 0 and nothing "
+        "is learned",
+    ),
     "mini_batch_size": (_positive_or_none, "must be >= 1, or null for no gradient caching"),
     "context_mini_batch_size": (_positive_or_none, "must be >= 1, or null for mini_batch_size"),
     "eval_steps": (_positive_or_none, "must be >= 1, or null to evaluate only at the end"),

@@ -99,6 +99,12 @@ def read_pairs_file(path: str) -> list[dict[str, str]]:
                     f"{path}:{line_no}: field {key!r} holds a lone surrogate escape \\u{ord(bad):04x} (half of a "
                     "UTF-16 pair), which is not text a tokenizer can read; fix or drop the row."
                 )
+        for key in ("query", "document"):
+            if not row[key].strip():
+                raise TrainingDataError(
+                    f"{path}:{line_no}: field {key!r} is empty (blank text): a pair teaches the model only when both "
+                    "its query and its document hold text; fill or drop the row."
+                )
         rows.append({"query": row["query"], "document": row["document"], "domain": row.get("domain", default_domain)})
     return rows
 
@@ -166,6 +172,52 @@ def pairs_for_max_steps(pairs: Dataset, max_steps: int, batch_size: int, process
     return pairs.shuffle(seed=seed).select(range(needed))
 
 
+def check_pairs_can_teach(pairs: Dataset, sources: list[str]) -> None:
+    """A :class:`TrainingDataError` naming ``sources`` when ``pairs`` cannot teach a contextual (or any contrastive)
+    model anything: the loss tells each query's document apart from the other pairs' documents, so fewer than two
+    pairs, a single distinct query or document, blank texts, or every query identical to its document train to a
+    loss of 0 (or a constant) and change nothing. A warning when many pairs are only a text matched with itself."""
+    where = ", ".join(sources)
+    n = len(pairs)
+    if n < 2:
+        raise TrainingDataError(
+            f"{where}: only {n} pair{'s' if n != 1 else ''} to train on: the loss tells a query's document apart "
+            "from the other pairs' documents, so training needs at least 2 pairs (in practice thousands)."
+        )
+    queries = [q.strip() for q in pairs["query"]]
+    documents = [d.strip() for d in pairs["document"]]
+    for key, texts in (("query", queries), ("document", documents)):
+        blank = [i for i, t in enumerate(texts) if not t]
+        if blank:
+            raise TrainingDataError(
+                f"{where}: {len(blank)} pair(s) have an empty {key} (first: pair {blank[0]}): fill or drop them."
+            )
+    if len(set(documents)) < 2:
+        raise TrainingDataError(
+            f"{where}: every document is the same text ({documents[0][:60]!r}): there is nothing to tell apart, so "
+            "the model learns nothing. Check that the document column holds the pairs' documents."
+        )
+    if len(set(queries)) < 2:
+        raise TrainingDataError(
+            f"{where}: every query is the same text ({queries[0][:60]!r}): one query cannot be matched with "
+            f"{len(set(documents))} different documents, so the model learns nothing. Check the query column."
+        )
+    same = sum(q == d for q, d in zip(queries, documents))
+    if same == n:
+        raise TrainingDataError(
+            f"{where}: every query is identical to its document: the model would only learn to match a text with "
+            "itself (the loss reaches 0 without learning retrieval). Check that query and document are not the "
+            "same column."
+        )
+    if same >= 0.1 * n:
+        logger.warning(
+            "%s: %d of %d pairs have a query identical to its document; they teach only to match a text with itself.",
+            where,
+            same,
+            n,
+        )
+
+
 def load_pairs(cfg: TrainConfig) -> Dataset:
     """All training pairs of ``cfg.train_data`` as one ``Dataset(query, document, domain)`` (sources: see the module
     docstring). ``exclude_domains`` drops rows by domain or by source file name (e.g. ``scifact`` or
@@ -193,6 +245,7 @@ def load_pairs(cfg: TrainConfig) -> Dataset:
         raise ValueError(f"No training pairs left after excluding domains {cfg.exclude_domains}.")
     if cfg.max_pairs is not None and cfg.max_pairs < len(pairs):
         pairs = pairs.shuffle(seed=cfg.seed).select(range(cfg.max_pairs))
+    check_pairs_can_teach(pairs, cfg.train_data)
     if cfg.domain_prompts:
 
         def prefix(row):

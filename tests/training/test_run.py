@@ -115,3 +115,58 @@ def test_train_cli_is_quiet_about_dependencies_but_keeps_its_own_progress(monkey
         assert logging.getLogger("cde_st.training").isEnabledFor(logging.INFO)
     finally:
         root.setLevel(before)
+
+
+# ------------------------------------------------------------------------------ data that cannot teach anything
+def _write_pairs(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize(
+    "rows, expected",
+    [
+        (
+            [{"query": f"text {i}", "document": f"text {i}"} for i in range(16)],
+            r"every query is identical to its document",
+        ),
+        ([{"query": "one question", "document": "one answer"}], r"only 1 pair"),
+        ([{"query": f"q {i}", "document": "the same page"} for i in range(16)], r"every document is the same text"),
+        ([{"query": "same question", "document": f"d {i}"} for i in range(16)], r"every query is the same text"),
+        (
+            [{"query": f"q {i}", "document": "   " if i == 3 else f"d {i}"} for i in range(16)],
+            r"pairs\.jsonl:4: .*'document' is empty",
+        ),
+        (
+            [{"query": "" if i == 0 else f"q {i}", "document": f"d {i}"} for i in range(16)],
+            r"pairs\.jsonl:1: .*'query' is empty",
+        ),
+    ],
+)
+def test_training_data_that_cannot_teach_anything_is_refused_naming_the_file(tmp_path, capsys, rows, expected):
+    import re
+
+    data = _write_pairs(tmp_path / "pairs.jsonl", rows)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        train_main(["--preset", "tiny", "--output-dir", str(out), "--set", f"train_data={data}"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1, err
+    assert re.search(expected, err) and "pairs.jsonl" in err, err
+    assert not (out / "final").exists()
+
+
+def test_a_batch_of_one_pair_is_refused(tmp_path):
+    from cde_st.training import TrainConfigError
+
+    with pytest.raises(TrainConfigError, match=r"'batch_size' = 1: .*batch_size = 1 .*only candidate.*loss is 0"):
+        TrainConfig.from_preset("tiny", output_dir=str(tmp_path / "run"), batch_size=1, cluster_size=1)
+
+
+def test_a_loss_that_is_zero_at_every_step_is_reported(tmp_path, caplog):
+    """Guide and model agree that every in-batch negative is as relevant as the positive (margin near 2): the
+    filter drops them all, the loss is 0 and nothing is learned; the run says so."""
+    cfg = TrainConfig.from_preset("tiny", output_dir=str(tmp_path / "run"), margin=1.999, max_steps=2, save_steps=100)
+    with caplog.at_level("WARNING"):
+        train(cfg)
+    assert "training loss was 0 at every logged step" in caplog.text
