@@ -26,20 +26,37 @@ IDENTICAL_IDS_RULES = ("auto", "ignore", "keep")
 #: are the document itself (the query text equals or is contained in the document's text).
 SAME_TEXT_SHARE = 0.5
 
+#: A query shorter than this (in words) counts as its document only when the two texts are equal: one word, or
+#: none, is contained in almost any document, which says nothing about whether the query *is* that document.
+MIN_CONTAINED_WORDS = 3
+
 
 def _normal_text(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def queries_are_documents(queries: Mapping[str, str], documents: Mapping[str, str]) -> tuple[bool, str]:
+def _is_the_document(query: str, document: str) -> bool:
+    query, document = _normal_text(query), _normal_text(document)
+    if not query:
+        return False
+    return query == document or (len(query.split()) >= MIN_CONTAINED_WORDS and query in document)
+
+
+def queries_are_documents(
+    queries: Mapping[str, str],
+    documents: Mapping[str, str],
+    qrels: Mapping[str, Mapping[str, float]] | None = None,
+) -> tuple[bool, str]:
     """Whether a query's own id should be left out of its results, decided from the texts: ``(ignore, why)``.
 
     BEIR's "ignore identical ids" rule exists for datasets whose queries *are* corpus documents (ArguAna, Quora):
     there a query would retrieve itself. Classic test collections (MED, CACM, LISA) number queries and documents
     1..N independently, so ids coincide by accident and query 7 may well be judged relevant to document 7: the rule
-    would remove a relevant document. So: ignore only when, for more than :data:`SAME_TEXT_SHARE` of the ids that
-    are both a query and a document, the query's text (case and spacing aside) equals or is contained in the
-    document's text (``title text``).
+    would remove a relevant document. So: never when ``qrels`` judge a query's own id relevant to it (ignoring would
+    remove that relevant document); otherwise ignore only when, for more than :data:`SAME_TEXT_SHARE` of the ids
+    that are both a query and a document, the query's text (case and spacing aside) equals the document's text
+    (``title text``) or, for a query of at least :data:`MIN_CONTAINED_WORDS` words, is contained in it. An empty
+    query is never its document.
 
     Example:
         >>> queries_are_documents({"1": "a cat"}, {"1": "Title a cat sat", "2": "x"})[0]
@@ -48,11 +65,17 @@ def queries_are_documents(queries: Mapping[str, str], documents: Mapping[str, st
     shared = [q for q in queries if q in documents]
     if not shared:
         return False, "auto: no query id is also a corpus id"
-    same = sum(1 for q in shared if _normal_text(queries[q]) in _normal_text(documents[q]))
+    same = sum(1 for q in shared if _is_the_document(queries[q], documents[q]))
     detail = f"auto, from the texts: {same} of {len(shared)} query ids that are also corpus ids have the query text in"
-    if same > SAME_TEXT_SHARE * len(shared):
-        return True, f"{detail} that document: the queries are corpus documents"
-    return False, f"{detail} that document: the ids coincide, the texts differ"
+    if same <= SAME_TEXT_SHARE * len(shared):
+        return False, f"{detail} that document: the ids coincide, the texts differ"
+    judged = [q for q in shared if qrels is not None and (qrels.get(q) or {}).get(q, 0) > 0]
+    if judged:
+        return False, (
+            f"auto: {len(judged)} of {len(shared)} query ids that are also corpus ids have that document judged "
+            f"relevant (e.g. query {judged[0]!r}): ignoring identical ids would remove relevant documents"
+        )
+    return True, f"{detail} that document: the queries are corpus documents"
 
 
 def apply_identical_ids(task: Any, identical_ids: str) -> Any:
@@ -95,6 +118,7 @@ def describe_identical_ids(task: Any) -> None:
     shared = total = 0
     queries: dict[str, str] = {}
     documents: dict[str, str] = {}
+    qrels: dict[str, dict[str, float]] = {}
     for splits in task.dataset.values():
         for data in splits.values():
             query_ids = set(data["queries"]["id"])
@@ -103,8 +127,10 @@ def describe_identical_ids(task: Any) -> None:
             if getattr(task, "identical_ids_from_texts", False):
                 queries.update(zip(data["queries"]["id"], data["queries"]["text"]))
                 documents.update(zip(data["corpus"]["id"], corpus_texts(data["corpus"])))
+                for query, judged in (data.get("relevant_docs") or {}).items():
+                    qrels.setdefault(query, {}).update(judged)
     if getattr(task, "identical_ids_from_texts", False):
-        task.ignore_identical_ids, task.identical_ids_why = queries_are_documents(queries, documents)
+        task.ignore_identical_ids, task.identical_ids_why = queries_are_documents(queries, documents, qrels)
     verb = "ignore" if task.ignore_identical_ids else "keep"
     why = task.identical_ids_why
     overlap = f"{shared} of {total} query ids are also corpus ids"

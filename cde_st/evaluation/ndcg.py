@@ -148,7 +148,7 @@ def score_beir_folder(
     documents = [texts[i] for i in document_ids]
     query_ids = list(data.queries)
     if identical_ids == "auto":
-        ignore, why = queries_are_documents(data.queries, texts)
+        ignore, why = queries_are_documents(data.queries, texts, data.qrels)
     else:
         ignore, why = identical_ids == "ignore", f"identical_ids={identical_ids!r} was asked for"
     contextual = is_contextual_model(model)

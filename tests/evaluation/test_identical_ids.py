@@ -78,3 +78,42 @@ def test_classic_collections_keep_identical_ids(shared_data, name):
     task = loaded(shared_data / "retrieval" / name)
     assert task.ignore_identical_ids is False, task.identical_ids_rule
     assert "the ids coincide, the texts differ" in task.identical_ids_rule
+
+
+@pytest.mark.parametrize("query", ["", "report", "number"], ids=["empty", "one_word", "one_word_b"])
+def test_short_queries_contained_by_chance_are_not_the_documents(query):
+    """A one-word or empty query is "contained" in almost any document: that says nothing about whether it is the
+    document, so the rule must not remove the query's own (relevant) document for it."""
+    from cde_st.evaluation.identical_ids import queries_are_documents
+
+    docs = {str(i): f"report number {i} on a topic" for i in range(1, 7)}
+    queries = {str(i): query for i in range(1, 7)}
+    ignore, why = queries_are_documents(queries, docs)
+    assert ignore is False, why
+
+
+def test_a_query_judged_relevant_to_its_own_id_keeps_it():
+    """When the judgements say a query's own id is relevant to it, ignoring identical ids would remove a relevant
+    document: the rule keeps them, whatever the texts look like."""
+    from cde_st.evaluation.identical_ids import queries_are_documents
+
+    docs = {str(i): f"the cat sat on mat {i}" for i in range(1, 4)}
+    queries = {str(i): f"the cat sat on mat {i}" for i in range(1, 4)}  # the same texts
+    assert queries_are_documents(queries, docs)[0] is True
+    ignore, why = queries_are_documents(queries, docs, {"1": {"1": 1}, "2": {"3": 1}})
+    assert ignore is False and "judged relevant" in why
+
+
+@pytest.mark.parametrize("query", ["", "report"], ids=["empty", "one_word"])
+def test_short_queries_keep_their_relevant_documents_end_to_end(tmp_path, tiny_plain_model, query):
+    """A classic numbered collection whose queries are one word or empty scores its own relevant documents."""
+    from evaluation_helpers import write_jsonl
+
+    from cde_st.evaluation import evaluate_model
+
+    folder = make_numbered_collection(tmp_path)
+    write_jsonl(folder / "queries.jsonl", [{"_id": str(i), "text": query or " "} for i in range(1, 7)])
+    task = loaded(folder)
+    assert task.ignore_identical_ids is False, task.identical_ids_rule
+    result = evaluate_model(tiny_plain_model, [folder], output_dir=None, batch_size=8, show_progress_bar=False)
+    assert result.score("classic") > 0
