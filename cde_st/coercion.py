@@ -51,8 +51,11 @@ def coerce(value: Any, hint: Any, name: str, rule: str | None = None) -> Any:
     """``value`` as type ``hint`` by the module's rule; a :class:`ConfigValueError` naming field ``name``, the value
     and ``hint`` otherwise (``rule``: what the field must be, added to the message)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    message = f"field {name!r} = {_describe(value)}: expected {type_name(hint)}"
-    mismatch = ConfigValueError(f"{message}; {rule}" if rule else message)
+    if rule:
+        message = f"field {name!r}: {rule}, got {_describe(value)} (expected {type_name(hint)})"
+    else:
+        message = f"field {name!r} = {_describe(value)}: expected {type_name(hint)}"
+    mismatch = ConfigValueError(message)
     if hint is Any:
         return value
     if hint is type(None):
