@@ -19,7 +19,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
 
 from cde_st.context import ContextInfo
-from cde_st.model_card import ContextualModelCardData, refresh_contextual_section
+from cde_st.model_card import ContextualModelCardData, refresh_contextual_section, with_model_description
 from cde_st.modules.contextual_transformer import ContextualTransformer
 from cde_st.modules.loading_options import check_backend
 from cde_st.modules.source_pipeline import read_source_pipeline
@@ -223,6 +223,18 @@ class ContextualSentenceTransformer(SentenceTransformer):
         # save() reuses the card read from a loaded folder: refresh its cde_st section, which must describe the
         # context saved now and the folder it is saved to.
         return refresh_contextual_section(super()._update_default_model_id(model_card), self.model_card_data)
+
+    def _create_model_card(self, path: str, *args, **kwargs) -> None:
+        super()._create_model_card(path, *args, **kwargs)
+        # The template's opening sentence knows nothing of the context nor of how to load the folder.
+        readme = os.path.join(path, "README.md")
+        if os.path.exists(readme):
+            with open(readme, encoding="utf8") as f:
+                card = f.read()
+            described = with_model_description(card, self.model_card_data)
+            if described != card:
+                with open(readme, "w", encoding="utf8") as f:
+                    f.write(described)
 
     def encode(self, *args, **kwargs):
         """sentence-transformers' ``encode``, with the context of this call as ``context_vectors=`` (first-stage

@@ -61,10 +61,86 @@ def describe_context(info: ContextInfo | None, context_size: int) -> str:
 _LOADING = (
     "Load it with `ContextualSentenceTransformer(path_or_id)` from the `cde_st` package: the installed package "
     "supplies the model's module classes, so no `trust_remote_code` is needed and no code is imported from the "
-    "model folder. `SentenceTransformer(path_or_id, trust_remote_code=True)` also loads it, but runs code from the "
-    "folder: with that flag sentence-transformers imports a `cde_st.py` found in the folder (or hub repository) "
-    "in place of the installed package."
+    "model folder. Plain `SentenceTransformer(path_or_id)` refuses the folder and suggests "
+    "`trust_remote_code=True`; do not follow that advice: the flag runs code from the folder (sentence-transformers "
+    "then imports a `cde_st.py` found in the folder or hub repository in place of the installed package), and "
+    "gives a plain `SentenceTransformer` without `set_context`."
 )
+
+ABOUT_BEGIN = "<!-- cde_st:about begin -->"
+ABOUT_END = "<!-- cde_st:about end -->"
+# sentence-transformers' template opens with this sentence; for a model it did not see trained it reads
+# "This is a sentence-transformers model trained.", which says nothing about a contextual model.
+_TEMPLATE_INTRO = re.compile(r"^This is a \[sentence-transformers\]\(https://www\.SBERT\.net\) model.*$", re.MULTILINE)
+
+
+def _how_made(card_data: SentenceTransformerModelCardData) -> str:
+    """One sentence: trained here (with what), converted from a released checkpoint, or not trained."""
+    if "generated_from_trainer" in (card_data.tags or []):
+        losses = [tag.removeprefix("loss:") for tag in card_data.tags if tag.startswith("loss:")]
+        pairs = sum(int(d.get("size") or 0) for d in card_data.train_datasets or [])
+        steps = card_data.training_logs[-1].get("Step") if card_data.training_logs else None
+        what = " and ".join(f"`{loss}`" for loss in losses) or "its loss"
+        on = f" on {pairs:,} training pairs" if pairs else ""
+        for_steps = f" for {steps:,} steps" if steps else ""
+        return (
+            f"It was trained with sentence-transformers' trainer and {what}{on}{for_steps}; the Training Details "
+            "below list the data, the hyperparameters and the losses logged."
+        )
+    if card_data.base_model:
+        return (
+            f"It is the released [{card_data.base_model}](https://huggingface.co/{card_data.base_model}), converted "
+            "to cde_st's native modules (same weights and outputs, no remote code)."
+        )
+    config = card_data.model[0].config
+    if config.context_gate and config.output_head == "none" and not config.soft_prompt_tokens:
+        return (
+            "It has not been trained: built from a pretrained encoder (`ContextualSentenceTransformer.from_encoder`), "
+            "it reads the context through zero-initialised gates and so gives that encoder's own embeddings "
+            "until training opens them."
+        )
+    return (
+        "It has not been trained: built from a pretrained encoder (`ContextualSentenceTransformer.from_encoder`), "
+        "what it adds to that encoder (context attention, heads) starts at random, so train it before use."
+    )
+
+
+def describe_model(card_data: SentenceTransformerModelCardData) -> str:
+    """The card's opening paragraph (between :data:`ABOUT_BEGIN` and :data:`ABOUT_END`): what the model is, how it
+    was made, how to load it."""
+    model = card_data.model
+    module = model[0]
+    dim = model.get_sentence_embedding_dimension()
+    return "\n".join(
+        [
+            ABOUT_BEGIN,
+            f"This is a **contextual document embedding** model (CDE; Morris & Rush, ICLR 2025) made with "
+            f"the `cde_st` package for sentence-transformers: a first stage embeds {module.context_size} "
+            f"documents sampled from the corpus you search (the *context*, set once per corpus), and a second stage "
+            f"embeds every query and document given those vectors, into {dim} dimensions, for "
+            f"{card_data.task_name}. {_how_made(card_data)}",
+            "",
+            "Load it with `ContextualSentenceTransformer(path_or_id)` from the `cde_st` package, then give it its "
+            "corpus with `model.set_context(corpus_texts)` (see Usage). Plain `SentenceTransformer(path_or_id)` "
+            "refuses it and suggests `trust_remote_code=True`; that is not the way (see Loading below).",
+            ABOUT_END,
+        ]
+    )
+
+
+def with_model_description(card: str, card_data: SentenceTransformerModelCardData) -> str:
+    """``card`` with sentence-transformers' opening sentence replaced by :func:`describe_model` (a card without
+    that sentence, e.g. one already described, is returned unchanged)."""
+    if not isinstance(card_data, ContextualModelCardData) or card_data.model is None:
+        return card
+    if not _TEMPLATE_INTRO.search(card):
+        return card
+    try:
+        about = describe_model(card_data)
+    except Exception as exc:  # as sentence-transformers does: a card problem never fails save()
+        logger.warning(f"Could not describe the model in its model card: {exc}")
+        return card
+    return _TEMPLATE_INTRO.sub(lambda _: about, card, count=1)
 
 
 @dataclass

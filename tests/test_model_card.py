@@ -9,7 +9,7 @@ import re
 import pytest
 
 from cde_st import ContextualSentenceTransformer
-from cde_st.model_card import SECTION_BEGIN, SECTION_END
+from cde_st.model_card import ABOUT_BEGIN, ABOUT_END, SECTION_BEGIN, SECTION_END
 from cde_st.prompts import DOCUMENT_PROMPT
 
 CORPUS = [f"document {i} about {topic}" for i, topic in enumerate(["cats", "rain", "planets", "tea"] * 3)]
@@ -109,3 +109,28 @@ def test_model_card_snippet_ranks_mars_first_for_an_untrained_minilm_model(minil
     printed = "\n".join(line[2:] for line in snippet.splitlines() if line.startswith("# tensor"))
     venus, mars, saturn = _floats(printed)
     assert mars > max(venus, saturn) + 0.05
+
+
+def _about(card: str) -> str:
+    assert card.count(ABOUT_BEGIN) == 1 and card.count(ABOUT_END) == 1, card[:2000]
+    return card.split(ABOUT_BEGIN)[1].split(ABOUT_END)[0]
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_model_card_opens_with_what_the_model_is_how_it_was_made_and_how_to_load_it(make_tiny_cde, tmp_path, gated):
+    """Not sentence-transformers' "This is a sentence-transformers model trained.": a contextual model, untrained,
+    loaded with ContextualSentenceTransformer (never trust_remote_code)."""
+    options = {"context_attention": "cached", "context_gate": True, "output_head": "none"} if gated else {}
+    model = make_tiny_cde(context_size=4, **options)
+    model.save(str(tmp_path / "m"))
+    card = (tmp_path / "m" / "README.md").read_text()
+    assert "model trained." not in card
+    about = _about(card)
+    assert card.index(ABOUT_BEGIN) < card.index("## Model Details")  # the card's first paragraph
+    assert "contextual document embedding" in about and "embeds 4 documents" in about
+    assert "has not been trained" in about
+    assert ("gives that encoder's own embeddings" in about) is gated
+    assert "`ContextualSentenceTransformer(path_or_id)`" in about and "trust_remote_code=True`; that is not" in about
+    # Saved again after loading: the card is reused and still opens with the same paragraph.
+    ContextualSentenceTransformer(str(tmp_path / "m")).save(str(tmp_path / "again"))
+    assert _about((tmp_path / "again" / "README.md").read_text()) == about

@@ -82,6 +82,11 @@ def test_tiny_preset_embeds_only_the_pairs_its_steps_train_on(tmp_path, monkeypa
 
     summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
     assert (summary["steps"], summary["pairs"]) == (4, 46)
+    about = (tmp_path / "run" / "final" / "README.md").read_text().split("<!-- cde_st:about begin -->")[1]
+    assert (
+        "trained with sentence-transformers' trainer and `FilteredInfoNCELoss` on 46 training pairs for 4 steps"
+        in about
+    )
 
 
 def test_the_sample_of_a_max_steps_run_holds_full_batches_for_every_step():
