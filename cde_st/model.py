@@ -8,6 +8,8 @@ It loads from a folder without ``trust_remote_code`` (its module classes are reg
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -32,6 +34,25 @@ _MODULE_CLASSES = {
     "cde_st.modules.ContextualTransformer": ContextualTransformer,
     "cde_st.modules.contextual_transformer.ContextualTransformer": ContextualTransformer,
 }
+
+
+class _DocumentPromptNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Default prompt name is set to 'document'.")
+
+
+@contextlib.contextmanager
+def _without_document_prompt_notice():
+    """Load without sentence-transformers' "Default prompt name is set to 'document'" warning: a contextual model
+    saves ``default_prompt_name="document"`` on purpose (``encode`` embeds like ``encode_document``, matching the
+    context; see the class docstring), so the warning would greet every load and evaluation with nothing to do."""
+    st_logger = logging.getLogger("sentence_transformers.base.model")
+    notice = _DocumentPromptNotice()
+    st_logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        st_logger.removeFilter(notice)
 
 
 def contextual_module(model: torch.nn.Module) -> ContextualTransformer:
@@ -173,7 +194,8 @@ class ContextualSentenceTransformer(SentenceTransformer):
                     "backbone_config= and tokenizer= only apply to released CDE checkpoints (config.json with "
                     f"transductive_corpus_size); {model_name_or_path!r} is not one."
                 )
-            super().__init__(model_name_or_path, **kwargs)
+            with _without_document_prompt_notice():
+                super().__init__(model_name_or_path, **kwargs)
         if not is_contextual(self):
             first = type(self[0]).__name__ if len(self) else "nothing"
             raise ValueError(

@@ -134,3 +134,16 @@ def test_model_card_opens_with_what_the_model_is_how_it_was_made_and_how_to_load
     # Saved again after loading: the card is reused and still opens with the same paragraph.
     ContextualSentenceTransformer(str(tmp_path / "m")).save(str(tmp_path / "again"))
     assert _about((tmp_path / "again" / "README.md").read_text()) == about
+
+
+def test_loading_a_saved_folder_does_not_warn_about_its_document_default_prompt(make_tiny_cde, tmp_path, caplog):
+    """The folder saves default_prompt_name="document" on purpose (encode() embeds like encode_document); the
+    sentence-transformers warning about it would greet every load and evaluation."""
+    import logging
+
+    make_tiny_cde(context_size=4).save(str(tmp_path / "m"))
+    logging.Logger.warning_once.cache_clear()  # transformers warns once per process: make this load the first
+    with caplog.at_level(logging.INFO):
+        model = ContextualSentenceTransformer(str(tmp_path / "m"))
+    assert model.default_prompt_name == "document"
+    assert not [r for r in caplog.records if "Default prompt name" in r.getMessage()]
