@@ -144,13 +144,19 @@ class ContextualRetrievalEvaluator(InformationRetrievalEvaluator):
 
 def check_scorable(evaluator: SentenceEvaluator) -> None:
     """Raise ``ValueError`` when ``evaluator``'s data cannot give a score: an ``EmbeddingSimilarityEvaluator`` with
-    fewer than two pairs or one gold score for all (Spearman undefined), a ``BinaryClassificationEvaluator`` whose
+    fewer than two pairs, a gold score that is NaN or infinite, or one gold score for all (Spearman undefined), a ``BinaryClassificationEvaluator`` whose
     pairs all have one label (average precision undefined). The message names the evaluator and says why."""
     name = f"{type(evaluator).__name__} {getattr(evaluator, 'name', '')!r}"
     if isinstance(evaluator, EmbeddingSimilarityEvaluator):
         scores = list(evaluator.scores)
         if len(scores) < 2:
             raise ValueError(f"{name}: {len(scores)} pair(s); a Spearman correlation needs at least two pairs.")
+        bad = next((i for i, s in enumerate(scores) if not np.isfinite(s)), None)
+        if bad is not None:  # one NaN gold score makes the correlation, and so the score, NaN
+            raise ValueError(
+                f"{name}: pair {bad} has the gold score {scores[bad]!r}; every gold score must be a finite number "
+                "(fix or remove that pair)."
+            )
         if len(set(scores)) < 2:
             raise ValueError(f"{name}: every pair has the score {scores[0]!r}; a correlation needs differing scores.")
     elif isinstance(evaluator, BinaryClassificationEvaluator):

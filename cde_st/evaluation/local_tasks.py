@@ -30,12 +30,13 @@ identical-ids rule is :mod:`~cde_st.evaluation.identical_ids`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cde_st.data import DataError, find_jsonl, load_beir, read_jsonl
+from cde_st.data import DataError, find_jsonl, load_beir, read_jsonl, read_jsonl_lines
 from cde_st.evaluation.identical_ids import IDENTICAL_IDS_RULES, describe_identical_ids, set_local_rule
 from cde_st.evaluation.local_folders import (
     KIND_TO_MTEB_TYPE,
@@ -104,7 +105,14 @@ def load_sts_split(folder: str | Path, split: str):
     from datasets import Dataset
 
     path = _split_file(Path(folder), split)
-    rows = read_jsonl(path, ["sentence1", "sentence2", "score"])
+    lines = read_jsonl_lines(path, ["sentence1", "sentence2", "score"])
+    for lineno, row in lines:
+        if not math.isfinite(row["score"]):
+            # one NaN gold score makes the Spearman correlation of the whole set NaN
+            raise DataError(
+                f"{path}:{lineno}: score must be a finite number, got {row['score']!r}; fix or remove that pair."
+            )
+    rows = [row for _, row in lines]
     if len(rows) < 2:
         raise DataError(f"{path}: STS needs at least two pairs (a Spearman correlation of one pair is undefined).")
     if len({r["score"] for r in rows}) < 2:

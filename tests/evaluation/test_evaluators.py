@@ -148,6 +148,12 @@ def test_train_scores_a_stock_evaluator_with_the_corpus_context(tmp_path, minilm
             "every pair has the score",
         ),
         (
+            lambda: EmbeddingSimilarityEvaluator(
+                ["a", "c", "e"], ["b", "d", "f"], [1.0, float("nan"), 0.0], name="nan"
+            ),
+            "pair 1 has the gold score nan",
+        ),
+        (
             lambda: BinaryClassificationEvaluator(["a", "c"], ["b", "d"], [1, 1], name="pos"),
             "every pair has the label 1",
         ),

@@ -151,3 +151,14 @@ def test_data_that_cannot_be_scored_names_the_file_and_why(tmp_path, make, file,
     write_jsonl(folder / file, rows)
     with pytest.raises(LocalDataError, match=f"{folder.name}/{file}: .*{message}"):
         loaded(folder)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+def test_sts_gold_score_that_is_no_finite_number_names_the_record(tmp_path, bad):
+    """One NaN gold score made the whole STS score NaN, with no message."""
+    folder = make_sts(tmp_path)
+    rows = [{"sentence1": f"a{i}", "sentence2": f"b{i}", "score": float(i)} for i in range(6)]
+    rows[3]["score"] = bad
+    write_jsonl(folder / "test.jsonl", rows)
+    with pytest.raises(LocalDataError, match=rf"{folder.name}/test.jsonl:4: score must be a finite number"):
+        loaded(folder)
