@@ -1,0 +1,206 @@
+"""The dynamic batcher in-process, with a recording fake forward: coalescing, bounds, keys, overload, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from cde_st.serving.batching import DynamicBatcher, Overloaded
+
+
+class Rows:
+    def __init__(self, values):
+        self.values = values
+
+    def rows(self, start, stop):
+        return self.values[start:stop]
+
+
+class FakeForward:
+    """Records each batch (key, texts); answers each text with (key, text); can be held on a gate."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail: Exception | None = None
+
+    def __call__(self, key, texts):
+        self.gate.wait(timeout=10)
+        self.batches.append((key, list(texts)))
+        if self.fail is not None:
+            raise self.fail
+        return Rows([(key, t) for t in texts])
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=30))
+
+
+def make(forward, **kwargs) -> DynamicBatcher:
+    return DynamicBatcher(forward, ThreadPoolExecutor(max_workers=1), **kwargs)
+
+
+def test_requests_queued_during_a_forward_share_the_next_one():
+    forward = FakeForward()
+
+    async def go():
+        batcher = make(forward, max_batch_size=32, max_wait=0)
+        batcher.start()
+        forward.gate.clear()
+        first = asyncio.create_task(batcher.submit("k", ["first"]))
+        await asyncio.sleep(0.05)  # the first forward is running (held); the next ten queue meanwhile
+        rest = [asyncio.create_task(batcher.submit("k", [f"t{i}"])) for i in range(10)]
+        await asyncio.sleep(0.05)
+        forward.gate.set()
+        answers = await asyncio.gather(first, *rest)
+        await batcher.stop()
+        return answers
+
+    answers = run(go())
+    assert answers == [[("k", "first")]] + [[("k", f"t{i}")] for i in range(10)]
+    assert [len(texts) for _, texts in forward.batches] == [1, 10]
+
+
+def test_batch_size_is_bounded_and_each_request_gets_its_own_rows():
+    forward = FakeForward()
+
+    async def go():
+        batcher = make(forward, max_batch_size=8, max_wait=0.2)
+        batcher.start()
+        tasks = [asyncio.create_task(batcher.submit("k", [f"r{i}-{j}" for j in range(3)])) for i in range(10)]
+        big = asyncio.create_task(batcher.submit("k", [f"big{j}" for j in range(20)]))
+        answers = await asyncio.gather(*tasks, big)
+        await batcher.stop()
+        return answers
+
+    answers = run(go())
+    for i, answer in enumerate(answers[:10]):
+        assert answer == [("k", f"r{i}-{j}") for j in range(3)]
+    assert answers[10] == [("k", f"big{j}") for j in range(20)]
+    sizes = [len(texts) for _, texts in forward.batches]
+    assert sorted(sizes) == sorted([6, 6, 6, 6, 6, 20])  # two 3-text requests per batch of <= 8; the big one alone
+    assert sum(sizes) == 50
+
+
+def test_keys_are_never_mixed_and_the_wait_gathers_stragglers():
+    forward = FakeForward()
+
+    async def go():
+        batcher = make(forward, max_batch_size=32, max_wait=0.5)
+        batcher.start()
+        tasks = []
+        for i in range(6):
+            tasks.append(asyncio.create_task(batcher.submit(("ctx", i % 2), [f"t{i}"])))
+            await asyncio.sleep(0.02)  # stragglers within the wait join their key's batch
+        answers = await asyncio.gather(*tasks)
+        await batcher.stop()
+        return answers
+
+    answers = run(go())
+    assert answers == [[(("ctx", i % 2), f"t{i}")] for i in range(6)]
+    assert sorted((key, tuple(texts)) for key, texts in forward.batches) == [
+        (("ctx", 0), ("t0", "t2", "t4")),
+        (("ctx", 1), ("t1", "t3", "t5")),
+    ]
+
+
+def test_a_lone_request_waits_at_most_max_wait():
+    forward = FakeForward()
+
+    async def go():
+        batcher = make(forward, max_batch_size=32, max_wait=0.1)
+        batcher.start()
+        started = time.monotonic()
+        await batcher.submit("k", ["alone"])
+        elapsed = time.monotonic() - started
+        await batcher.stop()
+        return elapsed
+
+    assert 0.09 <= run(go()) < 5
+
+
+def test_a_full_queue_refuses_at_once_and_recovers():
+    forward = FakeForward()
+    depths = []
+
+    async def go():
+        batcher = make(forward, max_batch_size=2, max_wait=0, max_queue=4, on_queue=depths.append)
+        batcher.start()
+        forward.gate.clear()
+        running = asyncio.create_task(batcher.submit("k", ["running"]))
+        await asyncio.sleep(0.05)  # held in the forward: the queue below is what waits
+        queued = [asyncio.create_task(batcher.submit("k", [f"q{i}", f"q{i}b"])) for i in range(2)]
+        await asyncio.sleep(0.01)
+        assert batcher.pending == 4
+        with pytest.raises(Overloaded) as refused:
+            await batcher.submit("k", ["one too many"])
+        assert refused.value.retry_after >= 1
+        forward.gate.set()
+        await asyncio.gather(running, *queued)
+        # an empty queue admits even a request larger than the bound (it could never be served otherwise)
+        alone = await batcher.submit("k", [f"w{i}" for i in range(6)])
+        await batcher.stop()
+        return alone
+
+    assert len(run(go())) == 6
+    assert depths[: depths.index(6)] and max(depths[: depths.index(6)]) == 4 and depths[-1] == 0
+
+
+def test_a_failed_forward_fails_its_requests_only():
+    forward = FakeForward()
+
+    async def go():
+        batcher = make(forward, max_batch_size=32, max_wait=0)
+        batcher.start()
+        forward.fail = ValueError("boom")
+        with pytest.raises(ValueError, match="boom"):
+            await batcher.submit("k", ["a"])
+        forward.fail = None
+        answer = await batcher.submit("k", ["b"])
+        await batcher.stop()
+        return answer
+
+    assert run(go()) == [("k", "b")]
+
+
+def test_a_cancelled_request_is_not_computed_and_stop_fails_the_queue():
+    forward = FakeForward()
+
+    async def go():
+        batcher = make(forward, max_batch_size=1, max_wait=0)
+        batcher.start()
+        forward.gate.clear()
+        running = asyncio.create_task(batcher.submit("k", ["running"]))
+        await asyncio.sleep(0.05)
+        gone = asyncio.create_task(batcher.submit("k", ["client went away"]))
+        kept = asyncio.create_task(batcher.submit("k", ["kept"]))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        forward.gate.set()
+        await asyncio.gather(running, kept)
+        forward.gate.clear()
+        blocked = asyncio.create_task(batcher.submit("k", ["in flight"]))
+        await asyncio.sleep(0.05)
+        waiting = asyncio.create_task(batcher.submit("k", ["never run"]))
+        await asyncio.sleep(0.01)
+        await batcher.stop()
+        forward.gate.set()
+        for task in (blocked, waiting):
+            with pytest.raises(RuntimeError, match="shutting down"):
+                await task
+
+    run(go())
+    texts = [t for _, batch in forward.batches for t in batch]
+    assert "client went away" not in texts and "never run" not in texts and "kept" in texts
+
+
+def test_bounds_are_checked():
+    with pytest.raises(ValueError):
+        DynamicBatcher(lambda k, t: None, None, max_batch_size=0)
+    with pytest.raises(RuntimeError, match="start"):
+        asyncio.run(DynamicBatcher(lambda k, t: None, None).submit("k", ["x"]))

@@ -1,0 +1,222 @@
+"""The context store: names, atomic files, start-up loading, model identity; and, through real server processes,
+restart (same fingerprints, bit-identical embeddings) and SIGKILL in the middle of a context write."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sample_texts import SHORT_DOCS, TOPIC_DOCS
+from serving_helpers import API_KEY
+
+from cde_st.serving.contexts import DEFAULT_NAME, PAUSE_ENV, ContextStore, StoredContext, check_name
+from cde_st.serving.errors import ApiError
+
+
+def context(name: str, seed: int = 0, identity: str = "model-a", rows: int = 4) -> StoredContext:
+    vectors = torch.from_numpy(np.random.default_rng(seed).standard_normal((rows, 6)).astype(np.float32))
+    return StoredContext(name, f"fp-{name}-{seed}", rows, seed, vectors, identity, corpus_size=10)
+
+
+def put(store: ContextStore, ctx: StoredContext, replace: bool = False) -> None:
+    store.reserve(ctx.name, replace)
+    store.commit(ctx)
+
+
+@pytest.mark.parametrize("name", ["a", "Z9", "scifact-2024.v1_test", "x" * 64, "1.2"])
+def test_valid_names(name):
+    assert check_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a..b", ".hidden", "-x", "a/b", "a\\b", "x" * 65, "a b", "é", None])
+def test_invalid_names(name):
+    with pytest.raises(ApiError) as error:
+        check_name(name)
+    assert error.value.status == 400 and error.value.param == "name"
+
+
+def test_contexts_survive_a_new_store_bit_for_bit(tmp_path):
+    store = ContextStore(tmp_path, "model-a")
+    put(store, context("alpha"))
+    put(store, context("beta", seed=1))
+    files = sorted(p.name for p in (tmp_path / "contexts").iterdir())
+    assert files == ["alpha.safetensors", "beta.safetensors"]
+    del store  # the state-dir lock goes with the store's lock file
+    again = ContextStore(tmp_path, "model-a")
+    for name, seed in [("alpha", 0), ("beta", 1)]:
+        loaded, made = again.get(name), context(name, seed)
+        assert (loaded.fingerprint, loaded.size, loaded.seed, loaded.corpus_size) == (made.fingerprint, 4, seed, 10)
+        assert torch.equal(loaded.vectors, made.vectors)
+    assert [c.name for c in again.list()] == ["alpha", "beta"]
+
+
+def test_names_exist_once_unless_replaced(tmp_path):
+    store = ContextStore(tmp_path, "model-a")
+    put(store, context("alpha"))
+    with pytest.raises(ApiError) as error:
+        store.reserve("alpha", replace=False)
+    assert error.value.status == 409
+    put(store, context("alpha", seed=5), replace=True)
+    assert store.get("alpha").seed == 5
+    store.reserve("pending", replace=True)
+    with pytest.raises(ApiError, match="being created"):
+        store.reserve("pending", replace=True)  # a create in flight holds the name even for a replace
+    with pytest.raises(ApiError, match="being created"):
+        store.delete("pending")
+    store.release("pending")
+    with pytest.raises(ApiError) as missing:
+        store.get("pending")
+    assert missing.value.status == 404
+    with pytest.raises(ApiError) as reserved:
+        store.reserve(DEFAULT_NAME, replace=True)
+    assert reserved.value.status == 409
+
+
+def test_delete_removes_the_file(tmp_path):
+    store = ContextStore(tmp_path, "model-a")
+    put(store, context("alpha"))
+    store.delete("alpha")
+    assert not (tmp_path / "contexts" / "alpha.safetensors").exists()
+    with pytest.raises(ApiError) as error:
+        store.delete("alpha")
+    assert error.value.status == 404
+
+
+def test_contexts_of_another_model_are_refused(tmp_path, caplog):
+    store = ContextStore(tmp_path, "model-a")
+    put(store, context("alpha"))
+    del store
+    other = ContextStore(tmp_path, "model-b")
+    assert "another model" in caplog.text
+    with pytest.raises(ApiError) as error:
+        other.get("alpha")
+    assert error.value.status == 409 and "model-a" in error.value.message
+    with pytest.raises(ApiError):
+        other.reserve("alpha", replace=False)
+    put(other, context("alpha", identity="model-b"), replace=True)
+    assert other.get("alpha").model_identity == "model-b"
+
+
+def test_an_interrupted_write_keeps_the_previous_file(tmp_path, monkeypatch):
+    store = ContextStore(tmp_path, "model-a")
+    put(store, context("alpha"))
+    before = (tmp_path / "contexts" / "alpha.safetensors").read_bytes()
+
+    def crash(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        put(store, context("alpha", seed=9), replace=True)
+    monkeypatch.undo()
+    assert (tmp_path / "contexts" / "alpha.safetensors").read_bytes() == before
+    assert store.get("alpha").seed == 0  # the context served is still the one on disk
+    assert sorted(p.name for p in (tmp_path / "contexts").iterdir()) == ["alpha.safetensors"]
+    store.reserve("alpha", replace=True)  # the failed create gave its name back
+    store.release("alpha")
+
+
+def test_start_up_removes_leftovers_and_skips_unreadable_files(tmp_path, caplog):
+    store = ContextStore(tmp_path, "model-a")
+    put(store, context("alpha"))
+    del store
+    folder = tmp_path / "contexts"
+    (folder / ".tmp-beta-123-456").write_bytes(b"half a file")
+    (folder / "broken.safetensors").write_bytes(b"not safetensors")
+    (folder / "bad name.safetensors").write_bytes(b"")
+    (folder / "notes.txt").write_text("left alone")
+    again = ContextStore(tmp_path, "model-a")
+    assert [c.name for c in again.list()] == ["alpha"]
+    assert not (folder / ".tmp-beta-123-456").exists() and (folder / "notes.txt").exists()
+    assert "broken.safetensors" in caplog.text
+
+
+def test_one_state_dir_one_server(tmp_path):
+    first = ContextStore(tmp_path, "model-a")
+    with pytest.raises(RuntimeError, match="Another cde-st-serve process"):
+        ContextStore(tmp_path, "model-a")
+    assert first.list() == []
+
+
+def test_without_a_state_dir_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = ContextStore(None, "model-a")
+    put(store, context("alpha"))
+    assert store.get("alpha").name == "alpha" and list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------- real server processes
+def _embed(server, name: str, texts: list[str]) -> np.ndarray:
+    with server.client() as client:
+        response = client.post(
+            "/v1/embeddings",
+            json={"model": "tiny-cde", "input": texts, "context": name, "encoding_format": "base64"},
+        )
+    assert response.status_code == 200, response.text
+    return np.stack([np.frombuffer(base64.b64decode(r["embedding"]), dtype="<f4") for r in response.json()["data"]])
+
+
+def _fingerprints(server) -> dict[str, str]:
+    with server.client() as client:
+        return {c["name"]: c["fingerprint"] for c in client.get("/v1/contexts").json()["data"]}
+
+
+def _flags(tmp_path: Path) -> list[str]:
+    return ["--state-dir", str(tmp_path / "state"), "--served-model-name", "tiny-cde", "--api-key-env",
+            "CDE_ST_TEST_API_KEY"]  # fmt: skip
+
+
+def test_restart_keeps_fingerprints_and_bit_identical_embeddings(cde_dir, start_server, tmp_path):
+    first = start_server(cde_dir, *_flags(tmp_path))
+    with first.client() as client:
+        for name, docs, seed in [("short", SHORT_DOCS, 1), ("topics", TOPIC_DOCS, 2)]:
+            made = client.post("/v1/contexts", json={"name": name, "documents": docs, "size": 8, "seed": seed})
+            assert made.status_code == 201, made.text
+    before = {name: _embed(first, name, SHORT_DOCS) for name in ("short", "topics", "default")}
+    fingerprints = _fingerprints(first)
+    # SIGTERM: uvicorn shuts down gracefully, then exits by the signal it caught (or 0)
+    assert first.stop() in (0, -signal.SIGTERM)
+    second = start_server(cde_dir, *_flags(tmp_path))
+    assert _fingerprints(second) == fingerprints
+    for name, embedded in before.items():
+        assert np.array_equal(_embed(second, name, SHORT_DOCS), embedded), name
+
+
+def test_sigkill_during_a_context_write_leaves_the_previous_state(cde_dir, start_server, tmp_path):
+    first = start_server(cde_dir, *_flags(tmp_path))
+    with first.client() as client:
+        made = client.post("/v1/contexts", json={"name": "kept", "documents": SHORT_DOCS, "size": 8, "seed": 0})
+    assert made.status_code == 201
+    first.stop()
+    # The test hook holds every write between the fsynced temporary file and its rename.
+    paused = start_server(cde_dir, *_flags(tmp_path), env={PAUSE_ENV: "60"})
+    baseline = _embed(paused, "kept", TOPIC_DOCS)
+    folder = tmp_path / "state" / "contexts"
+
+    def replace():
+        with paused.client(key=API_KEY, timeout=90) as client:
+            try:
+                client.post("/v1/contexts", json={"name": "kept", "documents": TOPIC_DOCS, "replace": True})
+            except Exception:  # the server dies under the request: no answer is expected
+                pass
+
+    writer = threading.Thread(target=replace, daemon=True)
+    writer.start()
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".tmp-") for p in folder.iterdir()):
+        assert time.monotonic() < deadline, "the context write never started"
+        time.sleep(0.05)
+    paused.stop(signal.SIGKILL)
+    writer.join(timeout=30)
+    assert any(p.name.startswith(".tmp-") for p in folder.iterdir())  # killed inside the write, as intended
+    third = start_server(cde_dir, *_flags(tmp_path))
+    assert _fingerprints(third)["kept"] == made.json()["fingerprint"]
+    assert np.array_equal(_embed(third, "kept", TOPIC_DOCS), baseline)
+    assert sorted(p.name for p in folder.iterdir()) == ["kept.safetensors"]  # the leftover was cleaned up
