@@ -9,6 +9,7 @@ slots for the second stage, and saved beside the weights as ``context.safetensor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -261,6 +262,22 @@ class ContextState:
         )
         self._activate_context(self.embed_context_texts(self._context_texts), self.context_info, self._context_texts)
         return True
+
+    def embedding_fingerprint(self) -> str:
+        """A short hash of everything this module's embeddings depend on besides the input: the active context (its
+        vectors, made current first; "none" without one), the values of every weight and the config. Anything that
+        caches embeddings of a contextual model keys them by it, so that a cache made with another context (or
+        other weights) is never read back (:func:`cde_st.hard_negatives.mine_hard_negatives`)."""
+        self.refresh_context()
+        digest = hashlib.sha256()
+        if self.context_vectors is None:
+            digest.update(b"no context")
+        else:
+            vectors = self.context_vectors.detach().float().cpu().contiguous()
+            digest.update(str(tuple(vectors.shape)).encode() + vectors.numpy().tobytes())
+        digest.update(values_fingerprint(list(self.parameters())).numpy().tobytes())
+        digest.update(json.dumps(self.config.to_dict(), sort_keys=True, default=str).encode())
+        return digest.hexdigest()[:16]
 
     def _check_pool_context(self) -> None:
         """In a copy made for another process (a multi-process pool's worker): raise if the original's context
