@@ -22,7 +22,11 @@ def saved_cde(tmp_path_factory, tiny_bert_dir) -> str:
 
     torch.manual_seed(0)
     model = ContextualSentenceTransformer.from_encoder(
-        tiny_bert_dir, context_size=4, max_seq_length=64, output_head="mlp", first_stage_residual=False,
+        tiny_bert_dir,
+        context_size=4,
+        max_seq_length=64,
+        output_head="mlp",
+        first_stage_residual=False,
         context_attention="joint",
     )
     folder = tmp_path_factory.mktemp("clients") / "cde"
@@ -120,3 +124,19 @@ def test_require_skips_when_a_submodule_is_absent():
 
 def test_require_passes_when_installed():
     _require("cde_st.context", "cde_st")  # returns without skipping
+
+
+@pytest.mark.parametrize(
+    ("script", "module", "package"),
+    [
+        ("langchain_client.py", "langchain_huggingface", "langchain-huggingface"),
+        ("llamaindex_client.py", "llama_index", "llama-index-embeddings-huggingface"),
+    ],
+)
+def test_client_example_without_its_client_names_the_extra_to_install(script, module, package, monkeypatch):
+    monkeypatch.setitem(sys.modules, module, None)  # as on a plain install, whether or not this machine has it
+    with pytest.raises(SystemExit) as exit_:
+        _run(script, "unused-model-folder", monkeypatch)
+    message = str(exit_.value.code)
+    assert message.startswith(f"{script} needs {package}, which is not installed")
+    assert 'pip install -e ".[clients]"' in message

@@ -8,6 +8,7 @@ plumbing is shown, not the quality).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from cde_st import ContextualSentenceTransformer
 
@@ -20,6 +21,17 @@ CORPUS = [
     "Saturn, famous for its rings, is sometimes mistaken for the Red Planet.",
 ]
 QUERIES = ["Which planet is known as the Red Planet?", "what causes rain?"]
+
+
+def missing_client(err: ModuleNotFoundError, package: str) -> str:
+    """The message a client example exits with when its client library is not installed: which extra installs it
+    (a plain install of cde_st leaves the clients out)."""
+    script = Path(sys.argv[0]).name
+    return (
+        f"{script} needs {package}, which is not installed ({err}). Install cde_st's `clients` extra "
+        f'(LangChain and LlamaIndex): pip install -e ".[clients]" in the cde_st checkout, or pip install {package}. '
+        "Note: the clients extra moves huggingface_hub back to 1.x (docs/integrations.md)."
+    )
 
 
 def load_model() -> ContextualSentenceTransformer:

@@ -5,8 +5,12 @@ contextual model's modules makes it use those very modules, so the context set o
 Without ``encode_kwargs``/``query_encode_kwargs`` it calls plain ``encode()``: no query or document prompt.
 """
 
-from _common import CORPUS, QUERIES, load_model
-from langchain_huggingface import HuggingFaceEmbeddings
+from _common import CORPUS, QUERIES, load_model, missing_client
+
+try:
+    from langchain_huggingface import HuggingFaceEmbeddings
+except ModuleNotFoundError as err:  # the `clients` extra is not part of a plain install
+    raise SystemExit(missing_client(err, "langchain-huggingface")) from None
 
 model = load_model()
 model.set_context(CORPUS, seed=0)  # before handing the model over; later set_context calls apply too

@@ -5,8 +5,12 @@ HuggingFaceEmbedding builds its own SentenceTransformer; ``model_name=""`` plus 
 with prompt "query" and texts with prompt "text": give both as instructions, or documents get no prompt.
 """
 
-from _common import CORPUS, QUERIES, load_model
-from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+from _common import CORPUS, QUERIES, load_model, missing_client
+
+try:
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+except ModuleNotFoundError as err:  # the `clients` extra is not part of a plain install
+    raise SystemExit(missing_client(err, "llama-index-embeddings-huggingface")) from None
 
 model = load_model()
 model.set_context(CORPUS, seed=0)
