@@ -285,7 +285,8 @@ def evaluate_model(
     encode_kwargs = {"batch_size": batch_size, "show_progress_bar": show_progress_bar}
     task_settings: dict[str, dict[str, str]] = {}
     try:
-        for task in tqdm(resolved, desc="Tasks", unit="task", disable=not show_progress_bar or len(resolved) < 2):
+        tasks_bar = tqdm(resolved, desc="Tasks", unit="task", disable=not show_progress_bar or len(resolved) < 2)
+        for number, task in enumerate(tasks_bar, start=1):
             preloaded = task.data_loaded
             load_task_data(task, data_dir)
             if getattr(task, "identical_ids_rule", None):
@@ -293,7 +294,14 @@ def evaluate_model(
             for wrapper, run in zip(wrappers, runs):
                 if wrapper.plan is not None:
                     wrapper.plan.register(task)
-                logger.info("Evaluating %s on %s (%s)", model_name, task.metadata.name, run.label)
+                logger.info(
+                    "Task %d of %d: evaluating %s on %s (%s)",
+                    number,
+                    len(resolved),
+                    model_name,
+                    task.metadata.name,
+                    run.label,
+                )
                 provenance = task_provenance(task, wrapper) if cache is not None else None
                 strategy = "always"
                 if cache is not None and not overwrite:

@@ -87,6 +87,13 @@ class ContextualEncoderWrapper(AbsEncoder):
             self._ensure_context(task_metadata, hf_subset, hf_split)
         prompt = self._prompt(task_metadata, prompt_type)
         role = getattr(prompt_type, "value", prompt_type)
+        if kwargs.get("show_progress_bar", True):
+            # The encoder's bar counts batches with a time estimate but says nothing of what they are.
+            what = {"query": "queries", "document": "documents"}.get(role, "texts")
+            info = model_context_info(self.model) if self.contextual else None
+            context = f" with a context of {info.size} documents" if info is not None else ""
+            split = f"{hf_split}, {hf_subset}" if hf_subset not in (None, "", "default") else hf_split
+            logger.info("%s (%s): encoding %s %s%s", task_metadata.name, split, f"{len(texts):,}", what, context)
         if role == "query":
             encode_fn = self.model.encode_query
         elif role == "document":
@@ -138,6 +145,7 @@ class ContextualEncoderWrapper(AbsEncoder):
         prompt = self._context_prompt(task_metadata)
         state = (choice.key, choice.fingerprint, prompt)
         if state != self._active_context or not holds_ours:
+            logger.info("%s: embedding the context, %d documents (first stage)", task_metadata.name, len(choice.texts))
             self._active_info = set_model_context(
                 self.model, choice.texts, seed=choice.seed, prompt=prompt, batch_size=self.batch_size
             )
