@@ -1,0 +1,423 @@
+"""The scale answer in one command: does the context help once MiniLM trains at batch = J = 512 on ~290k pairs?
+
+    python benchmarks/quality/scale_run.py --data .gpu/b/data.tar.xz --model .gpu/minilm --out "$OUT"   # GPU
+    python benchmarks/quality/scale_run.py --smoke --out /tmp/scale                                     # CPU, seconds
+
+Trains two models from all-MiniLM-L6-v2 with the ``mini`` preset's recipe (cde_st/training/presets/mini.yaml) at the
+paper's small setting: max length 64, batch = cluster = 512, clustered batches (the same for both: same data, seed
+and sampler), false-negative filtering (guide: the same MiniLM), bf16, all pairs of ``--pairs`` (one epoch at most):
+
+- (d) the preset's contextual model with J = 512 context slots (the batch's documents are its context);
+- (cp) the preset's bi-encoder (``model=biencoder``), trained and scored with the contextual model's prompts.
+
+(d) trains first, then (cp) with the same planned schedule (``max_steps``, warm-up) and a stop at the step (d)
+reached: a wall-time guard stops (d) when its share of ``--budget-s`` is spent, so both see the same number of
+steps and pairs. Then every model is scored on each ``--corpora`` BEIR folder (NDCG@10 over the whole corpus,
+test split, max length 256, the evaluation kit's prefixes, context sampling and identical-ids rule) with
+:func:`cde_st.evaluation.ndcg.score_beir_folder`, which needs neither mteb, beir nor pytrec_eval: (a) zero-shot
+MiniLM (the weights as carried), (cp), and (d) at J = 0, 64 and 512.
+
+``--data`` is a folder or a ``.tar.xz`` of one (extracted to a temporary folder) holding ``pairs_wiki/`` and
+``pairs/`` (training; the ``scifact_train`` domain is left out, as the preset does) and
+``retrieval/{scifact,med,cacm,lisa}``. ``--model`` is an all-MiniLM-L6-v2 sentence-transformers folder; float16
+weights (how it travels to the GPU machine) are widened to float32 in a temporary copy first.
+
+Output in ``--out`` (default ``$OUT``): ``scale_run.json`` (every score, per-query NDCG, steps, pairs seen, wall
+times, peak memory, the config) and ``scale_run.md`` (the table), rewritten after each stage so that a run stopped
+from outside keeps what it finished; a short summary on stdout. ``--smoke``: a tiny random encoder, the built-in
+tiny pairs and four generated BEIR folders, batch = J = 8, on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+CORPORA = ("scifact", "med", "cacm", "lisa")
+logger = logging.getLogger("scale_run")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def prepare_data(data: Path, work: Path) -> Path:
+    if data.is_dir():
+        return data
+    target = work / "data"
+    target.mkdir()
+    with tarfile.open(data, "r:*") as archive:
+        archive.extractall(target, filter="data")
+    return target
+
+
+def widen_model(folder: Path, work: Path) -> Path:
+    """The MiniLM folder with float32 weights: a float16 copy (how it travels) is widened in a temporary copy."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    if all(t.dtype != torch.float16 for t in tensors.values()):
+        return folder
+    target = work / "minilm32"
+    shutil.copytree(folder, target, ignore=shutil.ignore_patterns("model.safetensors"))
+    save_file(
+        {k: v.float().contiguous() for k, v in tensors.items()}, target / "model.safetensors", metadata={"format": "pt"}
+    )
+    return target
+
+
+def halve_model(folder: Path, work: Path) -> Path:
+    """A copy of a model folder with float16 weights (how ``.gpu/minilm`` travels: benchmarks/gpu_prepare.sh)."""
+    from safetensors.torch import load_file, save_file
+
+    target = work / f"{folder.name}-fp16"
+    shutil.copytree(folder, target)
+    tensors = load_file(folder / "model.safetensors")
+    save_file(
+        {k: v.half().contiguous() for k, v in tensors.items()}, target / "model.safetensors", metadata={"format": "pt"}
+    )
+    return target
+
+
+def smoke_inputs(work: Path) -> tuple[Path, str]:
+    """The tiny encoder, the built-in tiny pairs (as a jsonl folder) and four generated BEIR folders."""
+    import gzip
+
+    from cde_st.training.data import tiny_pairs
+    from cde_st.training.tiny import build_tiny_encoder
+
+    encoder = build_tiny_encoder(work / "tiny", num_layers=6)  # the preset reads the context in layers 3-5
+    data = work / "smoke_data"
+    (data / "pairs").mkdir(parents=True)
+    with gzip.open(data / "pairs" / "tiny.jsonl.gz", "wt", encoding="utf-8") as f:
+        for row in tiny_pairs():
+            f.write(json.dumps(row) + "\n")
+    topics = ["rain", "stocks", "proteins", "glaciers", "courts", "coffee", "music", "networks"]
+    for c, name in enumerate(CORPORA):
+        folder = data / "retrieval" / name
+        (folder / "qrels").mkdir(parents=True)
+        docs = [
+            {"_id": str(i), "title": "", "text": f"a passage number {i} explaining {topics[(i + c) % 8]}"}
+            for i in range(40)
+        ]
+        queries = [{"_id": str(100 + i), "text": f"question about {topics[(i + c) % 8]}"} for i in range(8)]
+        (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+        (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+        qrels = "".join(f"{100 + i}\t{i + 8 * k}\t1\n" for i in range(8) for k in range(2))
+        (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels)
+    return data, encoder
+
+
+# ------------------------------------------------------------------------------------------------ training
+def make_config(args, model: str, base: str, pairs: list[str], output_dir: Path, max_steps: int, warmup: int):
+    from cde_st.training import TrainConfig
+
+    return TrainConfig.from_preset(
+        "mini",
+        model=model,
+        base_model=base,
+        surrogate=base,
+        guide=base,
+        train_data=pairs,
+        max_pairs=None,
+        context_size=args.context_size,
+        max_seq_length=args.max_seq_length,
+        batch_size=args.batch_size,
+        cluster_size=args.batch_size,
+        filter_false_negatives=True,
+        bf16=args.bf16,
+        seed=args.seed,
+        max_steps=max_steps,
+        warmup_steps=warmup,
+        save_steps=10**9,  # no checkpoint: the models are scored in memory and cannot travel back anyway
+        logging_steps=args.logging_steps,
+        output_dir=str(output_dir),
+    )
+
+
+def train_one(cfg, deadline: float, stop_at: int | None) -> tuple[object, dict]:
+    """Train as cde_st's ``train()`` does (same model, loss, optimizer, batches, arguments), with a callback that
+    stops at ``stop_at`` steps or when ``deadline`` (time.monotonic) passes, whichever comes first."""
+    import torch
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from transformers import TrainerCallback
+
+    from cde_st.training.data import load_pairs
+    from cde_st.training.run import (
+        MainProcessSavingTrainer,
+        _bf16,
+        build_batch_sampler,
+        build_loss,
+        build_model,
+        build_optimizer,
+        resolved_prompts,
+    )
+
+    class Guard(TrainerCallback):
+        def __init__(self) -> None:
+            self.first_step_at: float | None = None
+            self.step_times: list[float] = []
+            self.last = None
+            self.stopped_by = "schedule end"
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            now = time.monotonic()
+            if self.first_step_at is None:
+                self.first_step_at = now
+            self.last = now
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.monotonic()
+            self.step_times.append(now - self.last)
+            if stop_at is not None and state.global_step >= stop_at:
+                control.should_training_stop, self.stopped_by = True, f"the step (d) reached ({stop_at})"
+            elif now + statistics.median(self.step_times[-20:]) > deadline:
+                control.should_training_stop, self.stopped_by = True, "its wall-time share"
+
+    torch.manual_seed(cfg.seed)
+    start = time.monotonic()
+    pairs = load_pairs(cfg)
+    model = build_model(cfg)
+    loss = build_loss(cfg, model)
+    prompts = resolved_prompts(cfg)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=cfg.output_dir,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        warmup_steps=cfg.warmup_steps,
+        lr_scheduler_type="linear",
+        num_train_epochs=cfg.num_train_epochs,
+        max_steps=cfg.max_steps,
+        weight_decay=cfg.weight_decay,
+        bf16=_bf16(cfg),
+        seed=cfg.seed,
+        batch_sampler=build_batch_sampler(cfg, pairs),
+        prompts={"query": prompts["query"], "document": prompts["document"]},
+        eval_strategy="no",
+        save_strategy="no",
+        logging_steps=cfg.logging_steps,
+        dataloader_drop_last=False,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        use_cpu=not torch.cuda.is_available(),
+        report_to="none",
+    )
+    guard = Guard()
+    trainer = MainProcessSavingTrainer(
+        model=model,
+        args=args,
+        train_dataset=pairs.remove_columns("domain"),
+        loss=loss,
+        optimizers=(build_optimizer(cfg, model), None),
+        callbacks=[guard],
+    )
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    end = time.monotonic()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    info = {
+        "steps": trainer.state.global_step,
+        "pairs_seen": trainer.state.global_step * cfg.batch_size,
+        "pairs_available": len(pairs),
+        "stopped_by": guard.stopped_by,
+        "setup_s": round((guard.first_step_at or end) - start, 1),  # data, model, surrogate embedding, k-means
+        "train_s": round(end - (guard.first_step_at or end), 1),
+        "step_s_median": round(statistics.median(guard.step_times), 4) if guard.step_times else None,
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
+        "loss_first_logged": losses[0] if losses else None,
+        "loss_last_logged": losses[-1] if losses else None,
+    }
+    model.eval()
+    return model, info
+
+
+# ------------------------------------------------------------------------------------------------ scoring
+def score(model, corpora: dict[str, Path], context_size: int | None, batch_size: int, prefixes=None) -> dict:
+    """NDCG@10 on each corpus in float32 (as the kit scores on the CPU: the first GPU run measures how far float32
+    on the GPU is from the CPU)."""
+    from cde_st.evaluation.ndcg import score_beir_folder
+
+    model.max_seq_length = 256
+    return {
+        name: score_beir_folder(model, folder, context_size=context_size, batch_size=batch_size, prefixes=prefixes)
+        for name, folder in corpora.items()
+    }
+
+
+def row_of(label: str, results: dict) -> dict:
+    scores = {name: round(r["ndcg_at_k"], 2) for name, r in results.items()}
+    return {"row": label, **scores, "mean_of_four": round(statistics.mean(scores.values()), 2) if scores else None}
+
+
+def write(out: Path, report: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scale_run.json").write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
+    lines = [
+        "# The scale run: (cp) vs (d) at batch = J = 512"
+        + (" (smoke run: tiny sizes, numbers mean nothing)" if report["smoke"] else ""),
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        "| row | " + " | ".join(CORPORA) + " | mean of four |",
+        "|---|" + "---:|" * (len(CORPORA) + 1),
+    ]
+    for row in report["table"]:
+        lines.append(
+            f"| {row['row']} | " + " | ".join(f"{row.get(c, '')}" for c in CORPORA) + f" | {row['mean_of_four']} |"
+        )
+    lines += [
+        "",
+        "| model | steps | pairs seen | stopped by | setup (s) | training (s) | step (s, median) | peak GPU memory (GiB) |",
+        "|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for name, t in report["training"].items():
+        lines.append(
+            f"| {name} | {t['steps']} | {t['pairs_seen']:,} of {t['pairs_available']:,} | {t['stopped_by']} | {t['setup_s']} | "
+            f"{t['train_s']} | {t['step_s_median']} | {t['peak_memory_gib']} |"
+        )
+    lines += [
+        "",
+        f"Stages: {json.dumps(report['stages_s'])}; wall {report.get('wall_s')} s. Notes: "
+        + "; ".join(report["notes"]),
+    ]
+    (out / "scale_run.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=os.environ.get("OUT"))
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--data", type=Path, help="folder or .tar.xz with pairs_wiki/, pairs/, retrieval/")
+    parser.add_argument("--model", type=Path, help="all-MiniLM-L6-v2 (sentence-transformers folder)")
+    parser.add_argument("--budget-s", type=float, default=400, help="the whole run, set-up and scoring included")
+    parser.add_argument("--eval-reserve-s", type=float, default=70, help="kept for scoring (cp) and (a) after (d)")
+    parser.add_argument("--d-share", type=float, default=0.6, help="(d)'s share of the training time left")
+    parser.add_argument("--batch-size", type=int, default=512, help="batch = cluster")
+    parser.add_argument("--context-size", type=int, default=512, help="J of (d)")
+    parser.add_argument("--max-seq-length", type=int, default=64)
+    parser.add_argument("--warmup-fraction", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--eval-sizes", type=int, nargs="+", default=[0, 64, 512], help="J of (d) when scored")
+    parser.add_argument("--eval-batch-size", type=int, default=256)
+    parser.add_argument("--logging-steps", type=int, default=20)
+    args = parser.parse_args()
+    if args.out is None:
+        parser.error("--out is required when $OUT is not set")
+    started = time.monotonic()
+    deadline = started + args.budget_s
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("cde_st").setLevel(logging.INFO)
+    import torch
+
+    args.bf16 = bool(torch.cuda.is_available() and not args.smoke)
+    report = {
+        "command": "python benchmarks/quality/scale_run.py " + " ".join(sys.argv[1:]),
+        "smoke": args.smoke,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "stages_s": {},
+        "training": {},
+        "scores": {},
+        "table": [],
+        "notes": [],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.smoke:
+            args.batch_size, args.context_size, args.eval_sizes = 8, 8, [0, 4, 8]
+            args.eval_batch_size, args.logging_steps = 16, 2
+            folder, encoder = smoke_inputs(work)
+            # through the real run's input path: a .tar.xz of the data, float16 weights widened back to float32
+            archive = work / "smoke_data.tar.xz"
+            with tarfile.open(archive, "w:xz") as tar:
+                for part in folder.iterdir():
+                    tar.add(part, arcname=part.name)
+            data = prepare_data(archive, work)
+            base = str(widen_model(halve_model(Path(encoder), work), work))
+        else:
+            if args.data is None or args.model is None:
+                parser.error("--data and --model are required without --smoke")
+            data = prepare_data(args.data, work)
+            base = str(widen_model(args.model, work))
+        pairs = [str(p) for p in (data / "pairs_wiki", data / "pairs") if p.is_dir()]
+        corpora = {name: data / "retrieval" / name for name in CORPORA}
+        report["stages_s"]["inputs"] = round(time.monotonic() - started, 1)
+        log(f"inputs ready: pairs {pairs}, base {base}")
+        from cde_st.training.data import load_pairs
+
+        probe = make_config(args, "contextual", base, pairs, work / "probe", -1, 0)
+        n_pairs = len(load_pairs(probe))
+        planned = -(-n_pairs // args.batch_size)  # one epoch
+        warmup = max(1, round(args.warmup_fraction * planned))
+        report["plan"] = {"pairs": n_pairs, "planned_steps": planned, "warmup_steps": warmup}
+        log(f"{n_pairs} pairs: {planned} steps planned (one epoch), warm-up {warmup}")
+
+        # (d) first: it sets the step count both models share
+        left = deadline - time.monotonic() - args.eval_reserve_s
+        d_deadline = time.monotonic() + args.d_share * left
+        cfg_d = make_config(args, "contextual", base, pairs, work / "d", planned, warmup)
+        report["config_d"] = cfg_d.to_dict()
+        stage = time.monotonic()
+        model_d, report["training"]["(d)"] = train_one(cfg_d, d_deadline, None)
+        report["stages_s"]["train_d"] = round(time.monotonic() - stage, 1)
+        steps = report["training"]["(d)"]["steps"]
+        log(f"(d) trained: {report['training']['(d)']}")
+        write(args.out, report)
+
+        stage = time.monotonic()
+        for j in args.eval_sizes:
+            results = score(model_d, corpora, j, args.eval_batch_size)
+            report["scores"][f"(d) J={j}"] = results
+            log(f"(d) J={j}: " + ", ".join(f"{k} {v['ndcg_at_k']:.2f}" for k, v in results.items()))
+        report["stages_s"]["score_d"] = round(time.monotonic() - stage, 1)
+        per_scoring = report["stages_s"]["score_d"] / len(args.eval_sizes)
+        del model_d
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        write(args.out, report)
+
+        # (cp): the same schedule, stopped at (d)'s step; its scoring and (a)'s kept in reserve
+        cp_deadline = deadline - 2.5 * per_scoring
+        cfg_cp = make_config(args, "biencoder", base, pairs, work / "cp", planned, warmup)
+        report["config_cp"] = cfg_cp.to_dict()
+        stage = time.monotonic()
+        model_cp, report["training"]["(cp)"] = train_one(cfg_cp, cp_deadline, steps)
+        report["stages_s"]["train_cp"] = round(time.monotonic() - stage, 1)
+        log(f"(cp) trained: {report['training']['(cp)']}")
+        if report["training"]["(cp)"]["steps"] != steps:
+            report["notes"].append(
+                f"(cp) stopped at {report['training']['(cp)']['steps']} steps, (d) at {steps}: not the same step count"
+            )
+        stage = time.monotonic()
+        report["scores"]["(cp)"] = score(model_cp, corpora, None, args.eval_batch_size, prefixes=True)
+        del model_cp
+        from sentence_transformers import SentenceTransformer
+
+        zero_shot = SentenceTransformer(base, device="cuda" if torch.cuda.is_available() else "cpu")
+        report["scores"]["(a) zero-shot"] = score(zero_shot, corpora, None, args.eval_batch_size)
+        report["stages_s"]["score_cp_a"] = round(time.monotonic() - stage, 1)
+        order = ["(a) zero-shot", "(cp)", *(f"(d) J={j}" for j in args.eval_sizes)]
+        report["table"] = [row_of(name, report["scores"][name]) for name in order if name in report["scores"]]
+        report["wall_s"] = round(time.monotonic() - started, 1)
+        write(args.out, report)
+    print((args.out / "scale_run.md").read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    main()
