@@ -29,7 +29,7 @@ from sentence_transformers.base.modules import InputModule
 from sentence_transformers.util import load_file_path
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from cde_st.context import validate_texts
 from cde_st.modules.backbone import get_adapter
@@ -47,7 +47,15 @@ from cde_st.modules.contextual_config import (
 )
 from cde_st.modules.encoders import build_encoder, load_pretrained_pair
 from cde_st.modules.heads import Head, SoftPrompt, mean_pool
-from cde_st.modules.integrity import STAGES, load_checked_weights, save_metadata, tokenizer_source
+from cde_st.modules.integrity import (
+    STAGES,
+    WEIGHTS_NAMES,
+    check_manifest,
+    load_checked_weights,
+    save_metadata,
+    tokenizer_source,
+    write_manifest,
+)
 from cde_st.modules.loading_options import check_backend, resolve_dtype, split_model_kwargs
 from cde_st.modules.owner_prompts import OwnerPrompts
 from cde_st.modules.source_pipeline import SourcePipeline, read_source_pipeline
@@ -458,11 +466,30 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
             # The metadata records what the weights go with (encoder configs, tokenizer size), checked on load.
             stages = {stage: getattr(self, stage).config for stage in STAGES}
             metadata = save_metadata(stages, self.tokenizer)
-            save_model(self, os.path.join(output_path, "model.safetensors"), metadata=metadata)
+            save_model(self, os.path.join(output_path, WEIGHTS_NAMES[0]), metadata=metadata)
+            written = [WEIGHTS_NAMES[0]]
         else:
             self.save_torch_weights(output_path, safe_serialization=False)
-        self.save_tokenizer(output_path)
+            written = [WEIGHTS_NAMES[1]]
+        written += self._save_tokenizer_files(output_path)
         self.save_context(output_path)
+        if self.context_vectors is not None:
+            written.append(CONTEXT_FILE)
+        # Last: the record of what this save wrote, which load checks so that files of two saves are never mixed.
+        write_manifest(output_path, written)
+
+    def _save_tokenizer_files(self, output_path: str) -> list[str]:
+        """Save the tokenizer; the names of the files it wrote in ``output_path``."""
+        if not isinstance(self.tokenizer, PreTrainedTokenizerBase):
+            self.save_tokenizer(output_path)
+            return []
+        paths = self.tokenizer.save_pretrained(output_path)
+        folder = os.path.abspath(output_path)
+        return [
+            os.path.basename(path)
+            for path in paths
+            if os.path.isfile(path) and os.path.dirname(os.path.abspath(path)) == folder
+        ]
 
     @classmethod
     def load(
@@ -528,6 +555,11 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
         module.load_context(
             context_path or expected_path, context_path is not None, saved.get("context_info"), config_path
         )
+        # Last, once each file has passed its own checks: the files were written together by one save.
+        used = [os.path.basename(weights)]
+        if context_path is not None and saved.get("context_info") is not None:
+            used.append(CONTEXT_FILE)
+        check_manifest(lambda name: load_file_path(model_name_or_path, name, **hub), used)
         return module
 
 

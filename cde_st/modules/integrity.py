@@ -10,15 +10,22 @@ the field:
   the one recorded at save time),
 - the weights file against the module built from the config (missing, unexpected, mis-shaped tensors; the encoder
   configs recorded in the weights file's metadata at save time, field by field),
-- every floating-point weight finite.
+- every floating-point weight finite,
+- the save as a whole (:func:`write_manifest`, :func:`check_manifest`): a save records the content hash of each
+  file it wrote (weights, context, tokenizer) in ``cde_st_manifest.json``; at load every recorded file must still
+  hold what was written, so a file copied in from another save (a checkpoint's weights over ``final/``, another
+  save's context) or a tokenizer edited at the same size (lowercasing off, two ids swapped) is named. Folders saved
+  before the record existed load as before, unchecked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
 import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -253,3 +260,89 @@ def load_checked_weights(module: nn.Module, weights: str | None, config_path: st
     )
     module.load_state_dict(state, strict=False)  # strict in effect: check_state_dict compared every name
     check_finite(module, weights)
+
+
+#: The record of one save (:func:`write_manifest`), beside ``cde_config.json``.
+MANIFEST_FILE = "cde_st_manifest.json"
+_MANIFEST_FORMAT = 1
+
+
+def file_sha256(path: str) -> str:
+    """The sha256 of a file's content (read in 16 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: str, names: Iterable[str]) -> None:
+    """Record what one save wrote: ``names`` (files in ``folder``) with their content hashes, in
+    :data:`MANIFEST_FILE`. Written last, so it describes the folder as this save left it."""
+    files = {name: file_sha256(os.path.join(folder, name)) for name in sorted(set(names))}
+    record = {"format": _MANIFEST_FORMAT, "written_by": "cde_st", "files": files}
+    with open(os.path.join(folder, MANIFEST_FILE), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2)
+        f.write("\n")
+
+
+def _not_of_this_save(path: str, manifest: str, why: str, what: str) -> ValueError:
+    name = os.path.basename(path)
+    return ValueError(
+        f"{path} was not written with the other files of this save: {why}. It comes from another save (e.g. a "
+        f"checkpoint's {WEIGHTS_NAMES[0]} copied over final/) or was edited, so {what}. Put back the {name} this "
+        "save wrote, or load the save it comes from as a whole and save that model again; to load the folder as it "
+        f"is anyway, delete {manifest} (nothing is checked then)."
+    )
+
+
+#: The weights file names of a save, in the order loading looks for them.
+WEIGHTS_NAMES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _consequence(name: str) -> str:
+    if name in WEIGHTS_NAMES:
+        return "the saved context and tokenizer were made for other weights and the embeddings would be wrong"
+    if name.startswith(("tokenizer", "vocab", "merges", "special_tokens", "added_tokens", "spm", "sentencepiece")):
+        return "texts would be tokenised otherwise than the weights were trained with and the embeddings would be wrong"
+    return (
+        "it is not the context this save's weights and config go with (another corpus, or vectors made by other "
+        "weights) and the embeddings would be wrong"
+    )
+
+
+def check_manifest(resolve: Callable[[str], str | None], used: Iterable[str]) -> None:
+    """Check a folder against the record its save left (:func:`write_manifest`): each recorded file present with the
+    recorded content, and each file loading used (``used``: names, e.g. the weights and context files) among them.
+    ``resolve``: file name -> local path or None (a hub folder downloads it). A folder without the record (saved
+    before cde_st wrote one) passes unchecked."""
+    manifest = resolve(MANIFEST_FILE)
+    if manifest is None:
+        return
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            record = json.load(f)
+        files = record["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"{manifest} cannot be read ({type(exc).__name__}: {exc}): it is the record of what this save wrote. "
+            "Save the model again, or delete the file to load the folder unchecked."
+        ) from None
+    for name, recorded in sorted(files.items()):
+        path = resolve(name)
+        if path is None:
+            raise FileNotFoundError(
+                f"{name} is missing from {os.path.dirname(manifest)}, but {manifest} records that the save wrote it. "
+                "Copy it back from where the model was saved, or save the model again."
+            )
+        actual = file_sha256(path)
+        if actual != recorded:
+            why = f"its content (sha256 {actual[:12]}...) is not what {MANIFEST_FILE} recorded at save ({recorded[:12]}...)"
+            raise _not_of_this_save(path, manifest, why, _consequence(name))
+    for name in used:
+        if name not in files:
+            path = resolve(name) or name
+            why = f"{MANIFEST_FILE}, written by the save, does not list it (the save wrote {sorted(files)})"
+            raise _not_of_this_save(path, manifest, why, _consequence(name))

@@ -343,3 +343,91 @@ def test_pytorch_bin_folder_is_checked_too(make_tiny_cde, tmp_path):
     torch.save(state, path / "pytorch_model.bin")
     with pytest.raises(ValueError, match=r"pytorch_model\.bin holds NaN.*\['null_vector'\]"):
         _load(path)
+
+
+# ---------------------------------------------------------------- a save is checked as a whole
+@pytest.fixture
+def two_saves(tmp_path, make_tiny_cde) -> tuple[Path, Path]:
+    """``final`` and ``checkpoint``: the same model saved before and after an optimizer step, each with its
+    context (the same documents, embedded by its own weights), as a training run leaves them."""
+    model = make_tiny_cde(context_size=4)
+    model.set_context(DOCS, seed=0)
+    checkpoint, final = tmp_path / "checkpoint-1", tmp_path / "final"
+    model.save(str(checkpoint))
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.full_like(p, 0.1)
+    torch.optim.SGD(params, lr=0.5).step()
+    model.save(str(final))
+    return final, checkpoint
+
+
+@pytest.mark.parametrize("name", [WEIGHTS, "context.safetensors"])
+def test_a_file_copied_from_another_save_is_named(two_saves, name):
+    """A checkpoint's weights (or context) copied over final/: the context would be one made for other weights."""
+    final, checkpoint = two_saves
+    shutil.copyfile(checkpoint / name, final / name)
+    with pytest.raises(ValueError, match=rf"{name} .*not written with the other files of this save") as info:
+        _load(final)
+    assert str(final) in str(info.value) and "save" in str(info.value)
+
+
+def _swap_two_ids(folder: Path) -> None:
+    path = folder / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    a, b = [token for token in vocab if not token.startswith("[")][:2]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def _no_lowercasing(folder: Path) -> None:
+    path = folder / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["normalizer"]["lowercase"] = False
+    path.write_text(json.dumps(data), encoding="utf-8")
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["do_lower_case"] = False
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+
+
+@pytest.mark.parametrize("change", [_swap_two_ids, _no_lowercasing], ids=["two_ids_swapped", "no_lowercasing"])
+def test_a_tokenizer_changed_at_the_same_size_is_named(two_saves, change):
+    final, _ = two_saves
+    change(final)
+    with pytest.raises(ValueError, match=r"tokenizer.*not written with the other files of this save"):
+        _load(final)
+
+
+def test_weights_file_the_save_did_not_write_is_named(two_saves, make_tiny_cde):
+    """A pytorch_model.bin save into a folder that still holds an older model.safetensors: loading would take the
+    older file."""
+    final, _ = two_saves
+    model = make_tiny_cde(context_size=4, seed=5)
+    model.set_context(DOCS, seed=0)
+    model.save(str(final), safe_serialization=False)
+    with pytest.raises(ValueError, match=rf"{WEIGHTS} .*not written with the other files of this save"):
+        _load(final)
+
+
+def test_a_whole_save_loads_and_a_save_without_a_record_loads_as_before(two_saves):
+    from cde_st.modules.integrity import MANIFEST_FILE
+
+    final, _ = two_saves
+    expected = _load(final).encode_query(DOCS, convert_to_tensor=True)
+    (final / MANIFEST_FILE).unlink()  # a folder saved before saves were recorded
+    torch.testing.assert_close(_load(final).encode_query(DOCS, convert_to_tensor=True), expected, rtol=0, atol=0)
+
+
+def test_converted_released_folder_is_checked_as_a_whole(released_v2, tmp_path):
+    """cde-st-convert writes a native folder: it carries the record of its save, so a tokenizer edited there at the
+    same size is named too."""
+    from cde_st.cli import convert_run
+
+    converted = tmp_path / "converted"
+    assert convert_run([str(released_v2), str(converted)]) == 0
+    _load(converted)  # whole: loads
+    _swap_two_ids(converted)
+    with pytest.raises(ValueError, match=r"tokenizer\.json .*not written with the other files of this save"):
+        _load(converted)
