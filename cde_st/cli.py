@@ -18,7 +18,13 @@ from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
 from cde_st import training
 from cde_st.model import ContextualSentenceTransformer
-from cde_st.released import ALIASES, ReleasedCheckpointError, is_released_checkpoint, resolve_name
+from cde_st.released import (
+    ALIASES,
+    ReleasedCheckpointError,
+    is_released_checkpoint,
+    offline_hub_problem,
+    resolve_name,
+)
 from cde_st.training import PRESET_TIMES, PRESETS, TRAIN_DATA_HELP, TrainConfig, TrainConfigError, config_yaml
 from cde_st.training.coercion import load_yaml_value
 
@@ -435,6 +441,10 @@ def convert_run(argv: list[str] | None = None) -> int:
     dst = Path(args.dst).expanduser()
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         print(f"error: {dst} exists and is not empty; choose a new folder.", file=sys.stderr)
+        return 2
+    unreachable = offline_hub_problem(args.src)
+    if unreachable:
+        print(f"error: {unreachable} (cde-st-convert reads a released CDE checkpoint's files)", file=sys.stderr)
         return 2
     if not is_released_checkpoint(args.src, revision=args.revision):
         print(

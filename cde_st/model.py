@@ -27,7 +27,7 @@ from cde_st.modules.loading_options import check_backend
 from cde_st.modules.source_pipeline import read_source_pipeline
 from cde_st.released import ALIASES as RELEASED_ALIASES
 from cde_st.released import PROMPTS as RELEASED_PROMPTS
-from cde_st.released import is_released_checkpoint, load_released, resolve_name
+from cde_st.released import is_released_checkpoint, load_released, offline_hub_problem, resolve_name
 
 _MODULE_CLASSES = {
     "cde_st.ContextualTransformer": ContextualTransformer,
@@ -194,8 +194,14 @@ class ContextualSentenceTransformer(SentenceTransformer):
                     "backbone_config= and tokenizer= only apply to released CDE checkpoints (config.json with "
                     f"transductive_corpus_size); {model_name_or_path!r} is not one."
                 )
-            with _without_document_prompt_notice():
-                super().__init__(model_name_or_path, **kwargs)
+            try:
+                with _without_document_prompt_notice():
+                    super().__init__(model_name_or_path, **kwargs)
+            except OSError as err:  # transformers' offline error names no model
+                unreachable = offline_hub_problem(str(model_name_or_path), hub["cache_folder"], hub["local_files_only"])
+                if model_name_or_path is None or unreachable is None:
+                    raise
+                raise OSError(unreachable) from err
         if not is_contextual(self):
             first = type(self[0]).__name__ if len(self) else "nothing"
             raise ValueError(

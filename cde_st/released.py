@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from huggingface_hub import hf_hub_download
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, ModernBertConfig, NomicBertConfig
 
+from cde_st.coercion import ConfigValueError, coerce
 from cde_st.modules.contextual_config import ContextualConfig
 from cde_st.modules.contextual_transformer import ContextualTransformer
 from cde_st.modules.integrity import STAGES, check_finite, check_state_dict, check_tokenizer, tokenizer_source
@@ -90,18 +92,70 @@ def is_released_checkpoint(name_or_path: str, **hub: Any) -> bool:
     path = Path(name).expanduser()
     if path.is_dir():
         config = path / CONFIG_FILE
-        if not config.is_file() or (path / "modules.json").is_file() and (path / "cde_config.json").is_file():
+        if (path / "modules.json").is_file() and (path / "cde_config.json").is_file():
             return False
+        if not config.is_file():
+            return _has_released_weights(path)  # the loader then says which file is missing
         try:
             return is_released_config(json.loads(config.read_text(encoding="utf-8")))
         except (OSError, ValueError):
-            return False
+            return _has_released_weights(path)  # the loader then says the config cannot be read
     if path.exists() or name.count("/") != 1 or name.startswith((".", "/", "~")):
         return False
     try:
         return is_released_config(_read_json(_fetch(name, CONFIG_FILE, **hub)))
     except ReleasedCheckpointError:
         return False
+
+
+def offline_hub_problem(name: str, cache_folder: str | None = None, local_files_only: bool = False) -> str | None:
+    """Why ``name`` cannot be loaded when it is a hub id (not a local path) that the Hugging Face cache does not
+    hold while the hub cannot be reached (``HF_HUB_OFFLINE=1`` or ``local_files_only``); None otherwise. Offline, an
+    unknown id cannot be told apart from an uncached one, so the message says both and what to do."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    offline = (
+        local_files_only
+        or constants.HF_HUB_OFFLINE
+        or os.environ.get("HF_HUB_OFFLINE", "0").lower()
+        in (
+            "1",
+            "true",
+            "yes",
+        )
+    )
+    name = resolve_name(name)
+    if not offline or Path(name).expanduser().exists() or name.count("/") != 1 or name.startswith((".", "/", "~")):
+        return None
+    for filename in ("modules.json", CONFIG_FILE):
+        try:
+            if isinstance(try_to_load_from_cache(name, filename, cache_dir=cache_folder), str):
+                return None
+        except Exception:  # not a valid repo id
+            return None
+    return (
+        f"{name!r} is not a local folder and not in the Hugging Face cache, and the hub cannot be reached (offline: "
+        "HF_HUB_OFFLINE=1 or local_files_only): it may be a hub id not downloaded yet, or no model at all. Check "
+        "the name, download it once online, or give a local folder."
+    )
+
+
+def _has_released_weights(folder: Path) -> bool:
+    """Whether ``folder/model.safetensors`` holds the research code's parameter names (a released checkpoint's
+    weights), read from the file's header only."""
+    weights = folder / WEIGHTS_FILE
+    if not weights.is_file():
+        return False
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(weights), framework="pt") as f:
+            names = list(f.keys())
+    except Exception:  # not safetensors: not ours to judge here
+        return False
+    return any(n.startswith("first_stage_model.") for n in names) and any(
+        n.startswith("second_stage_model.") for n in names
+    )
 
 
 def _fetch(
@@ -204,15 +258,63 @@ def _nomic_config(raw: dict) -> NomicBertConfig:
     )
 
 
-def module_config(cde: dict, model_type: str) -> ContextualConfig:
+# The released config.json fields cde_st reads: field -> (type, default when absent).
+_CDE_FIELDS: dict[str, tuple[Any, Any]] = {
+    "transductive_corpus_size": (int, None),
+    "max_seq_length": (int, 512),
+    "transductive_sequence_dropout_prob": (float, 0.0),
+    "transductive_tokens_per_document": (int, 1),
+    "autoregressive_backbone": (bool, False),
+    "pooling_strategy": (str, "mean"),
+    "embedding_output_dim": (int | None, None),
+    "limit_layers": (int | None, None),
+    "limit_layers_first_stage": (int | None, None),
+    "transductive_tie_token_embeddings": (bool, False),
+    "dataset_backbone": (str | None, None),
+    "pool_ignore_contextual_tokens": (bool, True),
+    "pool_ignore_instruction_tokens": (bool, False),
+    "disable_transductive_rotary_embedding": (bool, False),
+}
+
+
+def _cde_fields(cde: dict, source: str) -> dict[str, Any]:
+    """The released ``config.json`` fields by cde_st's one coercion rule (:mod:`cde_st.coercion`): a boolean must be
+    true/false (``"false"`` would read as True), a count a whole number (8.7 is not 8), and a context size >= 1
+    (0 would load the model as a bi-encoder). A :class:`ReleasedCheckpointError` names ``source`` and the field."""
+    values = {}
+    for field, (hint, default) in _CDE_FIELDS.items():
+        if field not in cde and default is None and field == "transductive_corpus_size":
+            raise ReleasedCheckpointError(f"{source}: field 'transductive_corpus_size' (the context size) is missing.")
+        try:
+            values[field] = coerce(cde.get(field, default), hint, field)
+        except ConfigValueError as err:
+            raise ReleasedCheckpointError(f"{source}: {err}.") from None
+    rules = {
+        "transductive_corpus_size": (values["transductive_corpus_size"] >= 1, "must be >= 1 (the context slots)"),
+        "max_seq_length": (values["max_seq_length"] >= 1, "must be >= 1 (a token limit)"),
+        "transductive_sequence_dropout_prob": (
+            0.0 <= values["transductive_sequence_dropout_prob"] < 1.0,
+            "must be in [0, 1)",
+        ),
+    }
+    for field, (ok, rule) in rules.items():
+        if not ok:
+            raise ReleasedCheckpointError(f"{source}: field {field!r} = {values[field]!r}: {rule}.")
+    return values
+
+
+def module_config(cde: dict, model_type: str, source: str = CONFIG_FILE) -> ContextualConfig:
     """The :class:`ContextualConfig` reproducing a released model, from its ``config.json`` and backbone type.
 
-    Raises :class:`ReleasedCheckpointError` for research-code options the releases do not use (and cde_st does
-    not implement), naming the field."""
+    Raises :class:`ReleasedCheckpointError` naming ``source`` and the field for a value that would be misread
+    (:func:`_cde_fields`) and for research-code options the releases do not use (and cde_st does not implement)."""
+    # The residual head and the instruction rule arrived together with the pool_ignore_* fields (cde-small-v2).
+    v2_code = "pool_ignore_instruction_tokens" in cde
+    cde = {**cde, **_cde_fields(cde, source)}
 
     def require(field: str, ok: bool) -> None:
         if not ok:
-            raise ReleasedCheckpointError(f"config.json field {field}={cde.get(field)!r} is not supported.")
+            raise ReleasedCheckpointError(f"{source}: field {field}={cde.get(field)!r} is not supported.")
 
     require("transductive_tokens_per_document", cde.get("transductive_tokens_per_document", 1) == 1)
     require("autoregressive_backbone", not cde.get("autoregressive_backbone", False))
@@ -223,17 +325,15 @@ def module_config(cde: dict, model_type: str) -> ContextualConfig:
     require("transductive_tie_token_embeddings", not cde.get("transductive_tie_token_embeddings", False))
     require("dataset_backbone", cde.get("dataset_backbone") is None)
     require("pool_ignore_contextual_tokens", cde.get("pool_ignore_contextual_tokens", True))
-    # The residual head and the instruction rule arrived together with the pool_ignore_* fields (cde-small-v2).
-    v2_code = "pool_ignore_instruction_tokens" in cde
     if model_type == "nomic_bert":
         # rotary excluded from the context rows (the research code's _shift_rotary_embedding, nomic models only)
         positions = "sequence_except_context" if cde.get("disable_transductive_rotary_embedding") else "sequence"
     else:
         positions = "sequence"
     return ContextualConfig(
-        context_size=int(cde["transductive_corpus_size"]),
-        max_seq_length=int(cde.get("max_seq_length", 512)),
-        sequence_dropout=float(cde.get("transductive_sequence_dropout_prob", 0.0)),
+        context_size=cde["transductive_corpus_size"],
+        max_seq_length=cde["max_seq_length"],
+        sequence_dropout=cde["transductive_sequence_dropout_prob"],
         include_prompt=True,
         first_stage_head="mlp",
         first_stage_residual=False,
@@ -376,7 +476,8 @@ def load_released(
                 f"Put the backbone's config.json beside the released files as {BACKBONE_CONFIG_FILE}, or pass "
                 "backbone_config=."
             ) from err
-    config = _backbone_from_raw(raw)
+    check_backbone_config(raw, embedder, config_source)
+    config = _backbone_from_raw(raw, config_source)
 
     if tokenizer is None:
         if folder is not None and any((folder / f).is_file() for f in _TOKENIZER_FILES):
@@ -395,7 +496,7 @@ def load_released(
                 "Pass tokenizer= (a folder or name), or put the tokenizer files beside the released files."
             ) from err
 
-    settings = module_config(cde, config.model_type)
+    settings = module_config(cde, config.model_type, source=_source_name(name, CONFIG_FILE))
     weights_path = _fetch(name, WEIGHTS_FILE, **hub)
     try:
         reference = load_file(weights_path)
@@ -405,8 +506,8 @@ def load_released(
         settings = dataclasses.replace(settings, attn_implementation=attn_implementation)
     try:
         module = ContextualTransformer(config, copy.deepcopy(config), tokenizer, settings)
-    except ValueError as err:  # e.g. an attention implementation that cannot run these settings
-        raise ReleasedCheckpointError(f"{name}: {err}") from None
+    except (ValueError, TypeError) as err:  # e.g. an attention implementation that cannot run these settings
+        raise ReleasedCheckpointError(f"{name} (backbone config {config_source}): {err}") from None
     module.attn_implementation = "sdpa"  # a load-time choice: a converted folder records the released setting
     state = convert_state_dict(reference, config.model_type)
     try:
@@ -426,13 +527,109 @@ def load_released(
     return module
 
 
-def _backbone_from_raw(raw: dict):
+def _backbone_from_raw(raw: dict, source: str = "the backbone config"):
     try:
         return backbone_config(raw)
-    except ReleasedCheckpointError:
-        raise
+    except ReleasedCheckpointError as err:
+        raise ReleasedCheckpointError(f"{source}: {err}") from None
     except Exception as err:
-        raise ReleasedCheckpointError(f"Backbone config could not be read: {err}") from err
+        raise ReleasedCheckpointError(f"{source} could not be read as a backbone config: {err}") from err
+
+
+def _source_name(name: str, filename: str) -> str:
+    folder = Path(name).expanduser()
+    return str(folder / filename) if folder.is_dir() else f"{filename} of {name!r}"
+
+
+# Backbone fields by type and rule (ModernBERT and NomicBERT field names): checked before transformers reads them,
+# whose own errors do not name the file, and which takes some nonsense (a negative window) without a word.
+def _positive(v: Any) -> bool:
+    return v is not None and v > 0 and (not isinstance(v, float) or math.isfinite(v))
+
+
+_BACKBONE_FIELDS: dict[str, tuple[Any, Any, str]] = {
+    # name: (type, accepts(value), rule)
+    "vocab_size": (int, _positive, "must be >= 1"),
+    "hidden_size": (int, _positive, "must be >= 1"),
+    "intermediate_size": (int, _positive, "must be >= 1"),
+    "num_hidden_layers": (int, _positive, "must be >= 1"),
+    "num_attention_heads": (int, _positive, "must be >= 1"),
+    "max_position_embeddings": (int, _positive, "must be >= 1"),
+    "local_attention": (int, _positive, "must be >= 1 (the sliding window, in tokens)"),
+    "global_attn_every_n_layers": (int, _positive, "must be >= 1"),
+    "norm_eps": (float, _positive, "must be a finite number > 0"),
+    "global_rope_theta": (float, _positive, "must be a finite number > 0"),
+    "local_rope_theta": (float, _positive, "must be a finite number > 0"),
+    "n_embd": (int, _positive, "must be >= 1"),
+    "n_head": (int, _positive, "must be >= 1"),
+    "n_layer": (int, _positive, "must be >= 1"),
+    "n_inner": (int | None, lambda v: v is None or v > 0, "must be >= 1 or null"),
+    "n_positions": (int, _positive, "must be >= 1"),
+    "pad_vocab_size_multiple": (int | None, lambda v: v is None or v > 0, "must be >= 1 or null"),
+    "type_vocab_size": (int, _positive, "must be >= 1"),
+    "layer_norm_epsilon": (float, _positive, "must be a finite number > 0"),
+    "layer_norm_eps": (float, _positive, "must be a finite number > 0"),
+    "rotary_emb_base": (float, _positive, "must be a finite number > 0"),
+}
+
+# The architecture the released weights were trained with: their embedder's public config, the fields that do not
+# change a tensor's shape (a config that differs there would load and compute another model). Checked when the
+# backbone config has the released sizes (a smaller copy is another backbone, e.g. a test fixture).
+_RELEASED_BACKBONES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "answerdotai/ModernBERT-base": (
+        {"hidden_size": 768, "num_hidden_layers": 22, "intermediate_size": 1152},
+        {
+            "num_attention_heads": 12,
+            "local_attention": 128,
+            "global_attn_every_n_layers": 3,
+            "global_rope_theta": 160000.0,
+            "local_rope_theta": 10000.0,
+            "norm_eps": 1e-05,
+            "hidden_activation": "gelu",
+        },
+    ),
+    "nomic-ai/nomic-bert-2048": (
+        {"n_embd": 768, "n_layer": 12, "n_inner": 3072},
+        {"n_head": 12, "rotary_emb_base": 1000.0, "layer_norm_epsilon": 1e-12, "activation_function": "swiglu"},
+    ),
+}
+
+
+def check_backbone_config(raw: dict, embedder: str, source: str) -> None:
+    """A :class:`ReleasedCheckpointError` naming ``source`` and the field when the backbone config ``raw`` holds a
+    value of the wrong type or range (by :mod:`cde_st.coercion`'s rule), a head count that does not divide the
+    width, or, for a backbone with the sizes of the released ``embedder``, an architecture field (heads, window,
+    rope theta, norm eps, ...) other than the embedder's: the weights would load and compute another model."""
+    checked = {}
+    for field, (hint, accepts, rule) in _BACKBONE_FIELDS.items():
+        if field not in raw:
+            continue
+        try:
+            value = coerce(raw[field], hint, field)
+        except ConfigValueError as err:
+            raise ReleasedCheckpointError(f"{source}: {err}.") from None
+        if not accepts(value):
+            raise ReleasedCheckpointError(f"{source}: field {field!r} = {raw[field]!r}: {rule}.")
+        checked[field] = value
+    for heads, width in (("num_attention_heads", "hidden_size"), ("n_head", "n_embd")):
+        if heads in checked and width in checked and checked[width] % checked[heads]:
+            raise ReleasedCheckpointError(
+                f"{source}: field {heads!r} = {checked[heads]} does not divide {width} {checked[width]} (each head "
+                "takes an equal share of the width)."
+            )
+    if embedder not in _RELEASED_BACKBONES:
+        return
+    sizes, architecture = _RELEASED_BACKBONES[embedder]
+    if any(checked.get(k, raw.get(k)) != v for k, v in sizes.items()):
+        return
+    for field, expected in architecture.items():
+        value = checked.get(field, raw.get(field, expected))
+        if value != expected:
+            raise ReleasedCheckpointError(
+                f"{source}: field {field!r} = {raw.get(field)!r}, but the released weights were trained with "
+                f"{embedder}'s {field} = {expected!r}; with the tensor shapes unchanged they would load and compute "
+                f"another model. Use {embedder}'s own config (leave backbone_config out when online)."
+            )
 
 
 def _tokenizer_hub(hub: dict) -> dict:

@@ -161,3 +161,32 @@ def test_print_config_prints_a_config_that_loads_back(tmp_path, capsys):
     path = tmp_path / "copy.yaml"
     path.write_text(capsys.readouterr().out)
     assert TrainConfig.from_file(path) == TrainConfig.from_preset("mini", train_data=["data/pairs"], seed=3)
+
+
+def test_convert_of_an_uncached_hub_id_offline_says_it_could_not_check(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "cde_st.cli", "convert", "someone/not-a-cde-model", str(tmp_path / "out")],
+        env=OFFLINE,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert run.returncode == 2
+    line = _one_error_line(run.stderr)
+    assert "'someone/not-a-cde-model' is not a local folder and not in the Hugging Face cache" in line, line
+    assert "offline" in line and "folder" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_into_a_folder_another_run_holds_is_one_line_naming_the_holder(tmp_path, capsys):
+    from cde_st.training import run_lock
+
+    out = tmp_path / "run"
+    with run_lock(str(out), command="cde-st-train --preset tiny (the first run)"):
+        with pytest.raises(SystemExit) as exc:
+            from cde_st.cli import train_main
+
+            train_main(["--preset", "tiny", "--output-dir", str(out)])
+    assert exc.value.code == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "in use by another training run" in line and "(the first run)" in line and f"pid {os.getpid()}" in line

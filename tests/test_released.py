@@ -265,7 +265,11 @@ def tiny_rotary_dir(request, fixture_dir, tmp_path_factory) -> str:
 def test_rotary_backbone_own_mode(tiny_rotary_dir, inputs, tmp_path):
     torch.manual_seed(0)
     model = ContextualSentenceTransformer.from_encoder(
-        tiny_rotary_dir, context_size=8, max_seq_length=64, output_head="mlp", first_stage_residual=False,
+        tiny_rotary_dir,
+        context_size=8,
+        max_seq_length=64,
+        output_head="mlp",
+        first_stage_residual=False,
         context_attention="joint",
     )
     model.eval()
@@ -375,3 +379,116 @@ def test_rotary_backbone_cached_equals_uncached(tiny_rotary_dir, inputs):
         m = mask.unsqueeze(-1).float()
         expected = (out * m).sum(1) / m.sum(1)
     assert (got - expected).abs().max() <= 1e-5
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Configs that would be misread: refused, naming the file and the field
+
+
+def _copy(fixture_dir, tmp_path, version="v2", config=None, backbone=None, drop=()):
+    folder = tmp_path / f"{version}-edited"
+    shutil.copytree(fixture_dir / version, folder)
+    for name, edits in (("config.json", config), ("backbone_config.json", backbone)):
+        if edits:
+            values = json.loads((folder / name).read_text(encoding="utf-8"))
+            values.update(edits)
+            (folder / name).write_text(json.dumps(values), encoding="utf-8")
+    for name in drop:
+        (folder / name).unlink()
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("edits", "expected"),
+    [
+        ({"transductive_corpus_size": 0}, r"transductive_corpus_size.*0.*>= 1"),
+        ({"transductive_corpus_size": 8.7}, r"'transductive_corpus_size' = 8\.7 \(float\): expected int"),
+        ({"transductive_corpus_size": None}, r"'transductive_corpus_size' = None"),
+        (
+            {"pool_ignore_instruction_tokens": "false"},
+            r"'pool_ignore_instruction_tokens' = 'false' \(str\): expected bool",
+        ),
+        ({"disable_transductive_rotary_embedding": "no"}, r"'disable_transductive_rotary_embedding' = 'no'"),
+        ({"max_seq_length": "long"}, r"'max_seq_length' = 'long' \(str\): expected int"),
+        ({"transductive_sequence_dropout_prob": "none"}, r"'transductive_sequence_dropout_prob' = 'none'"),
+    ],
+)
+def test_a_released_config_field_that_would_be_misread_is_refused_naming_it(fixture_dir, tmp_path, edits, expected):
+    folder = _copy(fixture_dir, tmp_path, config=edits)
+    with pytest.raises(ReleasedCheckpointError, match=expected) as err:
+        ContextualSentenceTransformer(str(folder))
+    assert str(folder / "config.json") in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("version", "edits", "expected"),
+    [
+        ("v2", {"hidden_size": "32x"}, r"'hidden_size' = '32x' \(str\): expected int"),
+        ("v2", {"num_attention_heads": 3}, r"num_attention_heads.*3.*hidden_size 32"),
+        ("v2", {"local_attention": -2}, r"'local_attention' = -2"),
+        ("v2", {"norm_eps": "small"}, r"'norm_eps' = 'small'"),
+        ("v2", {"global_rope_theta": 0}, r"'global_rope_theta' = 0"),
+        ("v1", {"n_head": "four"}, r"'n_head' = 'four'"),
+        ("v1", {"layer_norm_epsilon": -1.0}, r"'layer_norm_epsilon' = -1\.0"),
+    ],
+)
+def test_a_backbone_config_field_that_would_be_misread_is_refused_naming_the_file(
+    fixture_dir, tmp_path, version, edits, expected
+):
+    folder = _copy(fixture_dir, tmp_path, version=version, backbone=edits)
+    with pytest.raises(ReleasedCheckpointError, match=expected) as err:
+        ContextualSentenceTransformer(str(folder))
+    assert "backbone_config.json" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "value"),
+    [
+        ("modernbert", "num_attention_heads", 6),
+        ("modernbert", "local_attention", 256),
+        ("modernbert", "global_rope_theta", 10000.0),
+        ("modernbert", "norm_eps", 1e-6),
+        ("nomic_bert", "n_head", 6),
+        ("nomic_bert", "rotary_emb_base", 10000),
+        ("nomic_bert", "layer_norm_epsilon", 1e-5),
+    ],
+)
+def test_a_backbone_edit_that_keeps_the_released_shapes_is_refused(fixture_dir, raw, field, value):
+    """The released weights fit only their embedder's architecture: a config with the released backbone's sizes but
+    another head count, window, rope theta or norm eps would load (the shapes fit) and compute another model."""
+    from cde_st.released import check_backbone_config
+
+    public = dict(MODERNBERT_BASE if raw == "modernbert" else NOMIC_BERT_2048)
+    embedder = "answerdotai/ModernBERT-base" if raw == "modernbert" else "nomic-ai/nomic-bert-2048"
+    check_backbone_config(public, embedder, "backbone_config.json")  # the embedder's own config passes
+    with pytest.raises(ReleasedCheckpointError, match=rf"backbone_config\.json.*{field}.*{value}.*{embedder}"):
+        check_backbone_config({**public, field: value}, embedder, "backbone_config.json")
+
+
+def test_a_folder_without_or_with_a_garbled_config_names_the_file(fixture_dir, tmp_path):
+    folder = _copy(fixture_dir, tmp_path, drop=["config.json"])
+    with pytest.raises(ReleasedCheckpointError, match=rf"{folder / 'config.json'} is missing"):
+        ContextualSentenceTransformer(str(folder))
+    (folder / "config.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(ReleasedCheckpointError, match=rf"{folder / 'config.json'} is not a readable JSON file"):
+        ContextualSentenceTransformer(str(folder))
+
+
+def test_convert_refuses_a_misread_config_and_writes_nothing(fixture_dir, tmp_path):
+    folder = _copy(fixture_dir, tmp_path, config={"transductive_corpus_size": 0})
+    refused = subprocess.run(
+        [sys.executable, "-m", "cde_st.cli", "convert", str(folder), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert refused.returncode == 2 and "transductive_corpus_size" in refused.stderr, refused.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_hub_id_offline_is_a_clear_error_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(
+        OSError, match=r"'someone/not-a-cde-model' is not a local folder and not in the .*cache.*offline"
+    ):
+        ContextualSentenceTransformer("someone/not-a-cde-model", cache_folder=str(tmp_path / "empty_cache"))

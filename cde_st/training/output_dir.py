@@ -118,6 +118,7 @@ def run_lock(output_dir: str, command: str | None = None) -> Iterator[None]:
     command) and removed at the end. A folder another run holds is an :class:`OutputDirInUseError` naming that run;
     the lock of a process that no longer runs on this host is taken over, with a warning (a run that was killed)."""
     _refuse_a_file(output_dir)
+    created = not os.path.isdir(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, LOCK_FILE)
     record = _lock_record(command)
@@ -158,6 +159,9 @@ def run_lock(output_dir: str, command: str | None = None) -> Iterator[None]:
                 mine = json.load(f)
             if mine.get("pid") == record["pid"] and mine.get("started") == record["started"]:
                 os.remove(path)
+        if created:  # a run refused before it wrote anything leaves no folder behind
+            with contextlib.suppress(OSError):
+                os.rmdir(output_dir)
 
 
 # -------------------------------------------------------------------------------------- what a run wrote

@@ -263,6 +263,12 @@ def train(
 
     The output folder belongs to this run while it trains (:func:`~cde_st.training.output_dir.run_lock`): a second
     run into it is refused, naming this one."""
+    if not cfg.train_data:
+        raise NoTrainingDataError(f"the training config has no training data: set train_data to {TRAIN_DATA_HELP}.")
+    if evaluator is not None and cfg.eval_folder:
+        raise ValueError(
+            f"Give either eval_folder ({cfg.eval_folder!r}) or an evaluator ({type(evaluator).__name__}), not both."
+        )
     # Under torchrun / accelerate launch every rank runs this function; only rank 0 touches the output folder.
     is_main = int(os.environ.get("RANK", "0")) == 0
     with run_lock(cfg.output_dir) if is_main else contextlib.nullcontext():
@@ -277,12 +283,6 @@ def _train(
     evaluator: SentenceEvaluator | None,
     is_main: bool,
 ) -> SentenceTransformer:
-    if not cfg.train_data:
-        raise NoTrainingDataError(f"the training config has no training data: set train_data to {TRAIN_DATA_HELP}.")
-    if evaluator is not None and cfg.eval_folder:
-        raise ValueError(
-            f"Give either eval_folder ({cfg.eval_folder!r}) or an evaluator ({type(evaluator).__name__}), not both."
-        )
     torch.manual_seed(cfg.seed)
     if is_main:
         prepare_output_dir(cfg, resume, overwrite_output_dir, allow_config_change)
