@@ -33,10 +33,16 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` items as TrainConfig fields: values read as YAML, then checked and coerced against the
     field types (a :class:`~cde_st.training.TrainConfigError` names the item, the field and the expected type)."""
     overrides = {}
+    given: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise TrainConfigError(f"--set expects KEY=VALUE, got {item!r}.")
+        if key.strip() in given:  # the last would silently win: which one was meant?
+            raise TrainConfigError(
+                f"--set gives {key.strip()!r} twice ({given[key.strip()]}, {item}); give each field once."
+            )
+        given[key.strip()] = item
         try:
             parsed = load_yaml_value(value)  # the config files' rule: only true/false are booleans
         except yaml.YAMLError as err:
@@ -245,8 +251,18 @@ def train_run(argv: list[str] | None = None) -> int:
     try:
         overrides = _parse_overrides(args.set)
         if args.output_dir:
+            if "output_dir" in overrides and overrides["output_dir"] != args.output_dir:
+                raise TrainConfigError(
+                    f"--output-dir {args.output_dir} and --set output_dir={overrides['output_dir']} name two output "
+                    "folders; give one."
+                )
             overrides["output_dir"] = args.output_dir
         values = TrainConfig.read_file(args.config) if args.config else {}
+        if args.preset and values.get("preset") not in (None, args.preset):
+            raise TrainConfigError(
+                f"--preset {args.preset} and {args.config} (preset: {values['preset']}) name two presets to start "
+                "from; give one (remove preset: from the file, or --preset)."
+            )
         preset = args.preset or values.pop("preset", None)
         values.pop("preset", None)
         values.update(overrides)

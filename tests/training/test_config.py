@@ -248,3 +248,18 @@ def test_an_unknown_key_in_a_config_file_is_refused(tmp_path):
     path.write_text("preset: tiny\nmodel_config:\n  context_gates: true\n")
     with pytest.raises(ValueError, match=r"c\.yaml, line 2: .*unknown ContextualTransformer option 'context_gates'"):
         TrainConfig.from_file(path)
+
+
+def test_command_lines_that_say_one_thing_twice_are_refused(tmp_path, cli_config, capsys):
+    with pytest.raises(SystemExit):
+        cli_config(["--preset", "tiny", "--set", "seed=1", "learning_rate=1e-3", "seed=2"])
+    assert "--set gives 'seed' twice (seed=1, seed=2)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_config(["--preset", "tiny", "--output-dir", "a", "--set", "output_dir=b"])
+    assert "--output-dir a and --set output_dir=b" in capsys.readouterr().err
+    path = tmp_path / "c.yaml"
+    path.write_text("preset: mini\nseed: 3\n")
+    with pytest.raises(SystemExit):
+        cli_config(["--preset", "tiny", "--config", str(path)])
+    assert f"--preset tiny and {path} (preset: mini)" in capsys.readouterr().err
+    assert cli_config(["--preset", "mini", "--config", str(path)]).seed == 3  # the same preset twice is fine
