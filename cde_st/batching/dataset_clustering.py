@@ -23,7 +23,13 @@ from cde_st._defaults import default_surrogate_model_path
 from cde_st.batching.cache import _clustering_key, _load_clustering, _model_fingerprint, _save_clustering
 from cde_st.batching.clustering import PairClustering, _encode_domains, cluster_pairs
 from cde_st.batching.static_surrogate import StaticSurrogate
-from cde_st.batching.surrogate import SurrogateKind, _import_model2vec, embed_pairs, fit_static_surrogate
+from cde_st.batching.surrogate import (
+    SurrogateKind,
+    _import_model2vec,
+    embed_pairs,
+    fit_static_surrogate,
+    load_transformer_surrogate,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -152,8 +158,7 @@ def cluster_dataset(
                 show_progress_bar=show_progress_bar,
             )
         elif isinstance(surrogate, (str, os.PathLike)):
-            model = SentenceTransformer(os.fspath(surrogate), device=device)
-            model.eval()
+            model = load_transformer_surrogate(surrogate, device=device)
         q_emb, d_emb = embed_pairs(
             model,
             queries,

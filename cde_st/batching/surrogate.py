@@ -15,6 +15,7 @@ surrogate is distilled or loaded, so that the transformer surrogate works withou
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -55,6 +56,45 @@ def _import_model2vec(for_distillation: bool = False) -> Any:
             f"Install it with: {_INSTALL_HINT}; or use surrogate_kind='transformer'."
         ) from exc
     return model2vec
+
+
+def _not_a_model(model: str | os.PathLike, exc: Exception) -> ValueError:
+    """The error for a surrogate= that cannot be loaded as a model."""
+    path = os.fspath(model)
+    where = "does not exist" if not os.path.exists(path) and os.path.isabs(path) else "cannot be loaded as a model"
+    return ValueError(
+        f"The surrogate model {path!r} {where} ({type(exc).__name__}: {str(exc)[:300]}). surrogate= must be a "
+        "sentence-transformers or Hugging Face model folder (config.json, weights and tokenizer files) or a hub id "
+        "(cached when offline); leave it unset for the offline all-MiniLM-L6-v2."
+    )
+
+
+def load_transformer_surrogate(model: str | os.PathLike, device: str | None = None) -> SentenceTransformer:
+    """The transformer surrogate at ``model`` (folder or hub id), in eval mode; a folder that holds no model is an
+    error naming it as the surrogate."""
+    try:
+        loaded = SentenceTransformer(os.fspath(model), device=device)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _not_a_model(model, exc) from None
+    loaded.eval()
+    return loaded
+
+
+def _damaged_files(folder: Path) -> list[str]:
+    """The files of a model2vec folder that cannot be parsed (JSON files, safetensors headers)."""
+    from safetensors import safe_open
+
+    damaged = []
+    for path in sorted(folder.iterdir()):
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_text(encoding="utf-8"))
+            elif path.suffix == ".safetensors":
+                with safe_open(str(path), framework="numpy") as f:
+                    list(f.keys())
+        except Exception:  # noqa: BLE001 - any failure to parse the file is what is reported
+            damaged.append(path.name)
+    return damaged
 
 
 def distill_static_surrogate(
@@ -101,7 +141,10 @@ def distill_static_surrogate(
 
     logger.info("Distilling a %d-d static surrogate from %s (once; cached in %s)", dims, os.fspath(model), folder)
     start = time.perf_counter()
-    static = distill(model_name=os.fspath(model), pca_dims=dims, device=device)
+    try:
+        static = distill(model_name=os.fspath(model), pca_dims=dims, device=device)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _not_a_model(model, exc) from None
     write_folder_atomically(folder, static.save_pretrained)
     logger.info("Distilled the static surrogate in %.1fs", time.perf_counter() - start)
     return folder
@@ -119,7 +162,17 @@ def load_static_surrogate(
     model2vec = _import_model2vec()
     folder = distill_static_surrogate(model, dims=dims, cache_dir=cache_dir, device=device)
     source = None if model is None else os.fspath(model)
-    return StaticSurrogate.from_model2vec(model2vec.StaticModel.from_pretrained(os.fspath(folder)), source=source)
+    try:
+        static = model2vec.StaticModel.from_pretrained(os.fspath(folder))
+    except Exception as exc:  # noqa: BLE001 - model2vec and tokenizers raise bare Exceptions for damaged files
+        damaged = _damaged_files(Path(folder))
+        files = f"damaged: {', '.join(damaged)}" if damaged else f"{type(exc).__name__}: {str(exc)[:200]}"
+        raise ValueError(
+            f"The static surrogate cached in {folder} (distilled from {source or default_surrogate_model_path()}) "
+            f"cannot be read ({files}; an interrupted write or copy). Delete {folder}: the next run distils it "
+            "again."
+        ) from None
+    return StaticSurrogate.from_model2vec(static, source=source)
 
 
 def fit_static_surrogate(
@@ -178,8 +231,7 @@ def fit_static_surrogate(
     sample_documents = ["" if documents[i] is None else documents[i] for i in rows]
     targets = None
     if fit_pairs > 0 or max_seq_length is None:
-        teacher = SentenceTransformer(os.fspath(model), device=device)
-        teacher.eval()
+        teacher = load_transformer_surrogate(model, device=device)
         max_seq_length = max_seq_length or teacher.max_seq_length
     if fit_pairs > 0:
         q_emb, d_emb = embed_pairs(
@@ -257,4 +309,5 @@ __all__ = [
     "embed_pairs",
     "fit_static_surrogate",
     "load_static_surrogate",
+    "load_transformer_surrogate",
 ]

@@ -65,3 +65,45 @@ def test_static_surrogate_without_model2vec_says_what_to_install(tiny_bert_dir, 
         )  # fmt: skip
     with pytest.raises(ImportError, match=message):
         distill_static_surrogate(tiny_bert_dir, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "static"])
+@pytest.mark.parametrize("where", ["missing", "not_a_model"])
+def test_surrogate_that_is_no_model_is_named(tmp_path, monkeypatch, kind, where):
+    """A surrogate folder that does not exist or holds no model: the error says it is the surrogate, names the
+    folder and says what to give."""
+    import re
+
+    if kind == "static":
+        pytest.importorskip("model2vec")
+    monkeypatch.setenv("CDE_ST_CACHE", str(tmp_path / "cde_st_cache"))
+    surrogate = tmp_path / "surrogate"
+    if where == "not_a_model":
+        surrogate.mkdir()
+        (surrogate / "notes.txt").write_text("not a model")
+    pattern = rf"surrogate.*{re.escape(str(surrogate))}.*(sentence-transformers|hub id)"
+    with pytest.raises((ValueError, OSError), match=pattern) as err:
+        ClusteredBatchSampler(
+            pair_dataset(40), 8, False, surrogate=str(surrogate), surrogate_kind=kind, cache_dir=tmp_path / "cache",
+            show_progress_bar=False,
+        )  # fmt: skip
+    assert "surrogate" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "tokenizer.json"])
+def test_damaged_distilled_surrogate_names_its_cache_folder(static_root, topic_bert_dir, tmp_path, name):
+    """A distilled surrogate in the cache whose files were damaged (an interrupted copy): model2vec's bare error
+    (JSON, safetensors header, tokenizer parse) becomes one naming the cached folder and what to do."""
+    import re
+    import shutil
+
+    cache_dir = tmp_path / "surrogates"
+    shutil.copytree(static_root / "surrogates", cache_dir)
+    folder = next(p for p in cache_dir.iterdir() if p.is_dir())
+    path = folder / name
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    pattern = rf"{re.escape(str(folder))}.*{re.escape(topic_bert_dir)}.*[Dd]elete"
+    with pytest.raises(ValueError, match=pattern) as err:
+        load_static_surrogate(topic_bert_dir, cache_dir=cache_dir)
+    assert name in str(err.value)
