@@ -209,6 +209,15 @@ def check_pairs_can_teach(pairs: Dataset, sources: list[str]) -> None:
             "itself (the loss reaches 0 without learning retrieval). Check that query and document are not the "
             "same column."
         )
+    repeats = n - len(set(zip(queries, documents)))
+    if repeats >= 0.5 * n:
+        logger.warning(
+            "%s: %d of %d pairs repeat another pair: a repeated pair adds no example, and two copies in one batch "
+            "are each other's false negatives.",
+            where,
+            repeats,
+            n,
+        )
     if same >= 0.1 * n:
         logger.warning(
             "%s: %d of %d pairs have a query identical to its document; they teach only to match a text with itself.",

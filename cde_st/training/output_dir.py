@@ -25,6 +25,8 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
+from safetensors import safe_open
+
 from cde_st.training.config import TrainConfig, TrainConfigError
 
 logger = logging.getLogger(__name__)
@@ -244,6 +246,12 @@ def _checkpoint_problem(checkpoint: str) -> str | None:
             if bad is not None:
                 raise zipfile.BadZipFile(f"member {bad} fails its checksum")
         except (OSError, zipfile.BadZipFile) as err:
+            return f"holds {name}, which is corrupt and cannot be read ({err})"
+    for name in sorted(n for n in entries if n.endswith(".safetensors")):
+        try:
+            with safe_open(os.path.join(checkpoint, name), framework="pt") as weights:
+                weights.keys()
+        except Exception as err:  # safetensors raises its own error types for a damaged header
             return f"holds {name}, which is corrupt and cannot be read ({err})"
     return None
 

@@ -234,11 +234,12 @@ def test_an_output_dir_that_is_a_file_is_a_clear_error(tmp_path, capsys):
 # ------------------------------------------------------------------------------------- resume over broken files
 def _checkpoint(out, cfg, step=2):
     import torch
+    from safetensors.torch import save_file
 
     ckpt = out / f"checkpoint-{step}"
     ckpt.mkdir(parents=True)
     (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    (ckpt / "model.safetensors").write_bytes(b"weights")
+    save_file({"w": torch.zeros(4)}, str(ckpt / "model.safetensors"))
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 4}))
     torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
     torch.save({"last_epoch": step}, ckpt / "scheduler.pt")
@@ -253,6 +254,7 @@ def _checkpoint(out, cfg, step=2):
         ("scheduler.pt", r"scheduler\.pt.*(corrupt|cannot be read)"),
         ("rng_state.pth", r"rng_state\.pth.*(corrupt|cannot be read)"),
         ("trainer_state.json", r"trainer_state\.json.*(corrupt|cannot be read)"),
+        ("model.safetensors", r"model\.safetensors.*(corrupt|cannot be read)"),
     ],
 )
 def test_resume_over_a_corrupted_checkpoint_file_names_it(tmp_path, broken, expected):

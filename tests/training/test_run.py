@@ -170,3 +170,14 @@ def test_a_loss_that_is_zero_at_every_step_is_reported(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         train(cfg)
     assert "training loss was 0 at every logged step" in caplog.text
+
+
+def test_pairs_that_are_mostly_repeats_are_reported(tmp_path, caplog):
+    from datasets import Dataset
+
+    from cde_st.training.data import check_pairs_can_teach
+
+    rows = [{"query": f"q {i % 3}", "document": f"d {i % 3}", "domain": "x"} for i in range(12)]
+    with caplog.at_level("WARNING"):
+        check_pairs_can_teach(Dataset.from_list(rows), ["pairs.jsonl"])
+    assert "pairs.jsonl: 9 of 12 pairs repeat another pair" in caplog.text
