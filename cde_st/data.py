@@ -132,6 +132,18 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
         raise DataError(f"{path}: cannot be read ({err}).") from err
 
 
+def _check_unicode(text: str, where: str) -> None:
+    """A JSON escape such as ``\\ud800`` without its pair decodes to a lone surrogate, which no tokenizer, hash or
+    Arrow table can encode (a bare UnicodeEncodeError far from the file): name ``where`` (file:line: field)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(
+            f"{where} holds a lone surrogate character {text[exc.start]!r} at position {exc.start} (a \\uXXXX escape "
+            f"without its pair), which is not valid Unicode text: {text!r:.80}. Fix that text in the file."
+        ) from None
+
+
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "text": (str,),
     "sentence1": (str,),
@@ -185,6 +197,8 @@ def read_jsonl_lines(
                 raise DataError(
                     f"{path}:{lineno}: field {field!r} must be {expected}, got {type(value).__name__} {value!r:.60}."
                 )
+            if isinstance(value, str) and not value.isascii():
+                _check_unicode(value, f"{path}:{lineno}: field {field!r}")
             row[field] = value
         rows.append((lineno, row))
     if not rows:

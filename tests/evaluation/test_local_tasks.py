@@ -162,3 +162,33 @@ def test_sts_gold_score_that_is_no_finite_number_names_the_record(tmp_path, bad)
     write_jsonl(folder / "test.jsonl", rows)
     with pytest.raises(LocalDataError, match=rf"{folder.name}/test.jsonl:4: score must be a finite number"):
         loaded(folder)
+
+
+@pytest.mark.parametrize(
+    ("make", "file", "line", "field"),
+    [
+        (make_retrieval, "queries.jsonl", 3, "text"),
+        (make_retrieval, "corpus.jsonl.gz", 2, "title"),
+        (make_sts, "test.jsonl", 2, "sentence2"),
+    ],
+    ids=["query", "document_title", "sts_sentence"],
+)
+def test_unpaired_surrogate_in_eval_data_names_the_file_and_line(tmp_path, make, file, line, field):
+    """A JSON escape such as \\ud800 without its pair decodes to a lone surrogate, which no tokenizer or Arrow table
+    can encode: the error names the file, the line and the field (it was a bare UnicodeEncodeError)."""
+    from evaluation_helpers import write_jsonl
+
+    from cde_st.data import read_jsonl
+
+    folder = make(tmp_path)
+    path = folder / file
+    fields = {
+        "queries.jsonl": ["_id", "text"],
+        "corpus.jsonl.gz": ["_id", "text", "title"],
+        "test.jsonl": ["sentence1", "sentence2", "score"],
+    }[file]
+    rows = read_jsonl(path, fields)
+    rows[line - 1][field] = "bad \ud800 text"
+    write_jsonl(path, rows)
+    with pytest.raises(LocalDataError, match=rf"{file}:{line}: field '{field}' holds a lone surrogate"):
+        loaded(folder)
