@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from cde_st.batching.clustering import PairClustering
+from cde_st.model import contextual_module, is_contextual
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -65,6 +66,8 @@ def _model_fingerprint(model: SentenceTransformer | str) -> str:
                     hasher.update(f"{file.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
         return hasher.hexdigest()
     hasher.update(f"instance:{type(model).__qualname__}:{getattr(model, 'max_seq_length', None)}".encode())
+    if is_contextual(model):  # its context is no weight, yet every embedding depends on it
+        hasher.update(f"context:{contextual_module(model).embedding_fingerprint()}".encode())
     for name, tensor in model.state_dict().items():
         hasher.update(name.encode())
         data = tensor.detach().to("cpu").contiguous().reshape(-1)

@@ -46,3 +46,17 @@ def test_cache_keys_are_those_of_the_code_before_the_split(tmp_path, monkeypatch
     by_path = ClusteredBatchSampler(ds, 8, False, surrogate="surrogate", max_seq_length=16, seed=2, **kwargs)
     assert by_path.cache_path == old_key and by_path.timings == {"embed_s": 0.0, "cluster_s": 0.0}
     assert rows_of(by_path) == list(range(40))
+
+
+def test_a_contextual_surrogate_is_keyed_by_its_context(make_tiny_cde):
+    """A contextual model given as the surrogate embeds the pairs with its context: two contexts are two cache
+    keys (its context is no weight, so a key of the weights alone would reuse the other context's clustering)."""
+    from cde_st.batching.cache import _model_fingerprint
+
+    model = make_tiny_cde(context_size=4)
+    model.set_context(["rain falls", "stocks fell", "cats sleep", "tea leaves"], seed=0)
+    first = _model_fingerprint(model)
+    model.set_context(["mars is red", "ice melts", "birds sing", "rivers run"], seed=0)
+    assert _model_fingerprint(model) != first
+    model.set_context(["rain falls", "stocks fell", "cats sleep", "tea leaves"], seed=0)
+    assert _model_fingerprint(model) == first
