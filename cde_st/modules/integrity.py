@@ -12,7 +12,7 @@ the field:
   configs recorded in the weights file's metadata at save time, field by field),
 - every floating-point weight finite,
 - the save as a whole (:func:`write_manifest`, :func:`check_manifest`): a save records the content hash of each
-  file it wrote (weights, context, tokenizer) in ``cde_st_manifest.json``; at load every recorded file must still
+  file it wrote (weights, context, tokenizer) in ``cde_st_save.json``; at load every recorded file must still
   hold what was written, so a file copied in from another save (a checkpoint's weights over ``final/``, another
   save's context) or a tokenizer edited at the same size (lowercasing off, two ids swapped) is named. Folders saved
   before the record existed load as before, unchecked.
@@ -263,7 +263,7 @@ def load_checked_weights(module: nn.Module, weights: str | None, config_path: st
 
 
 #: The record of one save (:func:`write_manifest`), beside ``cde_config.json``.
-MANIFEST_FILE = "cde_st_manifest.json"
+MANIFEST_FILE = "cde_st_save.json"
 _MANIFEST_FORMAT = 1
 
 
