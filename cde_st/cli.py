@@ -33,16 +33,10 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` items as TrainConfig fields: values read as YAML, then checked and coerced against the
     field types (a :class:`~cde_st.training.TrainConfigError` names the item, the field and the expected type)."""
     overrides = {}
-    given: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise TrainConfigError(f"--set expects KEY=VALUE, got {item!r}.")
-        if key.strip() in given:  # the last would silently win: which one was meant?
-            raise TrainConfigError(
-                f"--set gives {key.strip()!r} twice ({given[key.strip()]}, {item}); give each field once."
-            )
-        given[key.strip()] = item
         try:
             parsed = load_yaml_value(value)  # the config files' rule: only true/false are booleans
         except yaml.YAMLError as err:

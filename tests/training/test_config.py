@@ -250,10 +250,9 @@ def test_an_unknown_key_in_a_config_file_is_refused(tmp_path):
         TrainConfig.from_file(path)
 
 
-def test_command_lines_that_say_one_thing_twice_are_refused(tmp_path, cli_config, capsys):
-    with pytest.raises(SystemExit):
-        cli_config(["--preset", "tiny", "--set", "seed=1", "learning_rate=1e-3", "seed=2"])
-    assert "--set gives 'seed' twice (seed=1, seed=2)" in capsys.readouterr().err
+def test_command_lines_that_name_two_output_folders_or_two_presets_are_refused(tmp_path, cli_config, capsys):
+    # a later --set item overrides an earlier one (appending to a command line is how a run is varied)
+    assert cli_config(["--preset", "tiny", "--set", "seed=1", "learning_rate=1e-3", "seed=2"]).seed == 2
     with pytest.raises(SystemExit):
         cli_config(["--preset", "tiny", "--output-dir", "a", "--set", "output_dir=b"])
     assert "--output-dir a and --set output_dir=b" in capsys.readouterr().err
