@@ -31,6 +31,7 @@ tiny pairs and four generated BEIR folders, batch = J = 8, on the CPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -76,7 +77,9 @@ def widen_model(folder: Path, work: Path) -> Path:
     target = work / "minilm32"
     shutil.copytree(folder, target, ignore=shutil.ignore_patterns("model.safetensors"))
     save_file(
-        {k: v.float().contiguous() for k, v in tensors.items()}, target / "model.safetensors", metadata={"format": "pt"}
+        {k: (v.float() if v.dtype == torch.float16 else v).contiguous() for k, v in tensors.items()},
+        target / "model.safetensors",
+        metadata={"format": "pt"},
     )
     return target
 
@@ -89,7 +92,9 @@ def halve_model(folder: Path, work: Path) -> Path:
     shutil.copytree(folder, target)
     tensors = load_file(folder / "model.safetensors")
     save_file(
-        {k: v.half().contiguous() for k, v in tensors.items()}, target / "model.safetensors", metadata={"format": "pt"}
+        {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in tensors.items()},
+        target / "model.safetensors",
+        metadata={"format": "pt"},
     )
     return target
 
@@ -195,6 +200,10 @@ def train_one(cfg, deadline: float, stop_at: int | None) -> tuple[object, dict]:
     model = build_model(cfg)
     loss = build_loss(cfg, model)
     prompts = resolved_prompts(cfg)
+    sampler = build_batch_sampler(cfg, pairs)
+    # the surrogate embeds ~580k texts before the first step: larger encoding batches than the sampler's default 64
+    # keep that to seconds on a GPU; both models get this same sampler, hence the same batches
+    sampler = functools.partial(sampler, encode_batch_size=1024) if isinstance(sampler, functools.partial) else sampler
     args = SentenceTransformerTrainingArguments(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.batch_size,
@@ -206,7 +215,7 @@ def train_one(cfg, deadline: float, stop_at: int | None) -> tuple[object, dict]:
         weight_decay=cfg.weight_decay,
         bf16=_bf16(cfg),
         seed=cfg.seed,
-        batch_sampler=build_batch_sampler(cfg, pairs),
+        batch_sampler=sampler,
         prompts={"query": prompts["query"], "document": prompts["document"]},
         eval_strategy="no",
         save_strategy="no",

@@ -52,8 +52,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULT = "RESULT "
 SECTIONS = ("agreement", "encode", "step", "sdpa", "kmeans")
-# Seconds per section at the real sizes; the sum plus start-up stays near 5 minutes.
-BUDGETS = {"agreement": 70, "encode": 70, "step": 90, "sdpa": 30, "kmeans": 40}
+# Seconds per section at the real sizes: 250 in all, so that with start-up the run ends near 5 minutes.
+BUDGETS = {"agreement": 60, "encode": 60, "step": 75, "sdpa": 25, "kmeans": 30}
 SMOKE_BUDGETS = {"agreement": 60, "encode": 60, "step": 60, "sdpa": 60, "kmeans": 60}
 GRACE_S = 20  # past its budget a section's worker is killed: the soft checks inside failed to stop it
 
@@ -471,10 +471,9 @@ def section_step(sec: Section, ctx: dict) -> None:
                 }
 
                 def measure(cfg=cfg, spec=spec) -> dict:
-                    result = measure_step(cfg, spec)
-                    if result["status"] != "ok":
-                        raise RuntimeError(result.get("detail", result["status"]))
-                    return {k: result[k] for k in ("step_s", "peak_mib", "loss")}
+                    result = measure_step(cfg, spec)  # running out of memory is a result: its status says so
+                    keys = ("step_s", "peak_mib", "loss") if result["status"] == "ok" else ("status", "detail")
+                    return {k: result[k] for k in keys}
 
                 sec.run(label, measure)
 
