@@ -183,11 +183,12 @@ def main() -> None:
     print("| model | clients | texts/request | texts | texts/s | p50 ms | p99 ms | requests | load avg |")
     print("|---|---|---|---|---|---|---|---|---|")
     for kind in args.models:
-        rate = in_process(folders[kind], kind, texts, min(args.in_process_texts, len(texts)), args.max_batch_size)
-        results.append({"model": kind, "mode": "in-process", "texts_per_s": rate})
+        n = min(args.in_process_texts, len(texts))
+        # Measured before and after the server runs: on a shared machine the load moves, and the two bracket it.
+        before = in_process(folders[kind], kind, texts, n, args.max_batch_size)
         print(
-            f"| {kind} | in-process encode, batch {args.max_batch_size} | - | {args.in_process_texts} | {rate:.1f} "
-            f"| - | - | - | {os.getloadavg()[0]:.1f} |",
+            f"| {kind} | in-process encode (before), batch {args.max_batch_size} | - | {n} | {before:.1f} | - | - | - "
+            f"| {os.getloadavg()[0]:.1f} |",
             flush=True,
         )
         server = Server(folders[kind], work / f"server-{kind}.log", args.max_batch_size, args.max_wait_ms)
@@ -212,6 +213,13 @@ def main() -> None:
                     )
         finally:
             server.stop()
+        after = in_process(folders[kind], kind, texts, n, args.max_batch_size)
+        print(
+            f"| {kind} | in-process encode (after), batch {args.max_batch_size} | - | {n} | {after:.1f} | - | - | - "
+            f"| {os.getloadavg()[0]:.1f} |",
+            flush=True,
+        )
+        results.append({"model": kind, "mode": "in-process", "texts_per_s": [before, after]})
     out = work / f"results-{args.texts}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"args": vars(args), "threads": threads, "results": results}, indent=1))
     print(f"wrote {out}")

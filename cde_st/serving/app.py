@@ -75,7 +75,7 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
             yield
         finally:
             await batcher.stop()
-            engine.executor.shutdown(wait=True)
+            engine.close()
 
     # The interactive docs would describe raw-body routes as schemaless; the request shapes are in docs/serving.md.
     app = FastAPI(title="cde-st-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
