@@ -21,6 +21,7 @@ import shlex
 import shutil
 import socket
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from typing import Any
@@ -124,6 +125,7 @@ def run_lock(output_dir: str, command: str | None = None) -> Iterator[None]:
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, LOCK_FILE)
     record = _lock_record(command)
+    unreadable_tries = 0
     while not _take_lock(path, record):
         try:
             with open(path, encoding="utf-8") as f:
@@ -134,6 +136,10 @@ def run_lock(output_dir: str, command: str | None = None) -> Iterator[None]:
             holder = {}
         if not isinstance(holder, dict):
             holder = {}
+        if not holder and unreadable_tries < 3:  # a lock being written this very moment
+            unreadable_tries += 1
+            time.sleep(0.2)
+            continue
         same_host = holder.get("host") == socket.gethostname()
         if same_host and not _pid_alive(holder.get("pid")):
             logger.warning(
@@ -414,6 +420,9 @@ def prepare_output_dir(
                 )
         check_checkpoint(checkpoint, out if checkpoint_dir is None else os.path.dirname(os.path.abspath(checkpoint)))
         refuse_to_resume_a_finished_run(cfg, checkpoint)
+        if _read_manifest(out) is None and _is_older_cde_st_run(out):
+            # A run of an older cde_st listed nothing; what it wrote is the resumed run's too.
+            record_outputs(out, *_run_output_names(out))
     else:
         earlier = checkpoints(out) if os.path.isdir(out) else []
         earlier += [n for n in ("final", "train_summary.json") if os.path.exists(os.path.join(out, n))]
@@ -434,12 +443,17 @@ def prepare_output_dir(
     record_outputs(out, *written)
 
 
+def _run_output_names(out: str) -> list[str]:
+    """The entries of ``out`` named like a run's outputs (:data:`_RUN_OUTPUTS`), whoever wrote them."""
+    return sorted(
+        {os.path.basename(p) for pattern in _RUN_OUTPUTS for p in glob.glob(os.path.join(glob.escape(out), pattern))}
+    )
+
+
 def _overwrite(cfg: TrainConfig, out: str) -> None:
     """Remove the earlier run's outputs from ``out``: what the manifest lists, nothing else (see
     :func:`prepare_output_dir`)."""
-    found = sorted(
-        {os.path.basename(p) for pattern in _RUN_OUTPUTS for p in glob.glob(os.path.join(glob.escape(out), pattern))}
-    )
+    found = _run_output_names(out)
     _refuse_to_remove_inputs(cfg, [os.path.join(out, name) for name in found])
     manifest = _read_manifest(out)
     if manifest is not None:

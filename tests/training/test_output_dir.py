@@ -279,3 +279,16 @@ def test_resume_from_an_empty_checkpoint_folder_names_it(tmp_path, capsys):
         train_main([*argv, "max_steps=6", "--resume"])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "checkpoint-4" in err and "empty" in err and "checkpoint-2" in err, err
+
+
+def test_a_resumed_run_of_an_older_cde_st_adopts_its_outputs_so_overwrite_still_works(tmp_path):
+    from cde_st.training import prepare_output_dir, record_outputs
+
+    out = tmp_path / "run"
+    cfg = _cfg(out, max_steps=4)
+    _checkpoint(out, cfg)  # an older cde_st's run: checkpoint-2 and train_config.json, no manifest
+    prepare_output_dir(cfg, resume=True)
+    record_outputs(str(out), "checkpoint-4")
+    (out / "checkpoint-4").mkdir()
+    prepare_output_dir(cfg, overwrite_output_dir=True)
+    assert not (out / "checkpoint-2").exists() and not (out / "checkpoint-4").exists()
