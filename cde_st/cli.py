@@ -472,6 +472,8 @@ def convert_run(argv: list[str] | None = None) -> int:
             raise
         how = "give a folder with the released files as SRC"
         return _report(err, (ReleasedCheckpointError, *_EXPECTED_ERRORS), {"SRC": args.src}, how=how)
+    for part, source in getattr(model[0], "released_sources", {}).items():
+        print(f"{part}: {source}")
     print(f"wrote {dst}: load it with ContextualSentenceTransformer({str(dst)!r})")
     return 0
 

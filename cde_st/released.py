@@ -524,6 +524,14 @@ def load_released(
     if dtype is not None:
         module.to(dtype)
     module.eval()
+    # Where each part came from: a backbone config or tokenizer from beside the files or an argument is not checked
+    # against the embedder's (see check_backbone_config), so a conversion names them.
+    module.released_sources = {
+        "config": _source_name(name, CONFIG_FILE),
+        "weights": str(weights_path),
+        "backbone config": str(config_source),
+        "tokenizer": str(token_source),
+    }
     return module
 
 

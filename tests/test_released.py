@@ -115,6 +115,7 @@ def test_convert_command(fixture_dir, inputs, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "wrote" in result.stdout
+    assert f"backbone config: {fixture_dir / 'v1' / 'backbone_config.json'}" in result.stdout  # what it was built from
     converted = ContextualSentenceTransformer(str(dst))
     original = ContextualSentenceTransformer(str(fixture_dir / "v1"))
     ctx = original.embed_context(inputs["context_docs"])
