@@ -275,6 +275,18 @@ class ContextualSentenceTransformer(SentenceTransformer):
         with self.contextual_module.one_weights_check():
             return super().encode(*args, **kwargs)
 
+    def forward(self, input: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
+        """sentence-transformers' forward, refusing a keyword no module reads: it hands each module only the names
+        that module lists, so a misspelt ``context_vectors`` would otherwise reach nothing and the call would use
+        the active context without a word."""
+        unknown = set(kwargs) - set(self.get_model_kwargs()) - {"task"}
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}.forward() got keyword argument(s) {sorted(unknown)} that no module reads; "
+                f"the model reads {sorted(self.get_model_kwargs())}."
+            )
+        return super().forward(input, **kwargs)
+
     def _multi_process(self, inputs, *args, **kwargs):
         # Worker processes hold a copy of the model made when the pool started: hand them the *current* context
         # explicitly (an empty one for none), so a context set or cleared later never goes stale in the pool.

@@ -332,3 +332,11 @@ def test_encode_honours_dataset_embeddings_and_refuses_unknown_keywords(make_tin
     np.testing.assert_array_equal(model.encode(DOCS[:2], dataset_embeddings=vectors), given)
     with pytest.raises((TypeError, ValueError), match="context_vector"):
         model.encode(DOCS[:2], context_vector=vectors)
+
+
+def test_model_forward_refuses_an_unknown_keyword_by_name(make_tiny_cde):
+    """sentence-transformers' forward hands each module only the keywords it lists, so a misspelt one reached no
+    module and the call used the active context."""
+    model, _, features, vectors, _ = _with_other_context(make_tiny_cde)
+    with pytest.raises(TypeError, match="contxt_vectors"):
+        model(dict(features), contxt_vectors=vectors)
