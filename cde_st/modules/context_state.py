@@ -222,7 +222,7 @@ class ContextState:
         of the weights they came from with the current ones (re-embed the context, drop the cache where they
         differ). Inside :meth:`one_weights_check` (an encode call) only the first forward does, and later ones
         again if a parameter's storage or version counter moved; every other forward does."""
-        if self._one_check_depth and not self._weights_check_due and self._weights_key is not None:
+        if self._one_check_depth > 0 and not self._weights_check_due and self._weights_key is not None:
             params, key = self._weights_key
             if key == tuple((p.data_ptr(), p._version) for p in params):
                 return
