@@ -51,6 +51,15 @@ def _require(module: str, install: str) -> None:
         pytest.skip(f"{module} is not installed (pip install {install}, or pip install -e '.[clients]')")
 
 
+def _uninstall(module: str, monkeypatch) -> None:
+    """Make ``module`` and its parent packages unimportable, as on an install without them, whether or not this
+    machine has them: an import of a name whose sys.modules entry is None fails with ModuleNotFoundError. Every
+    prefix is blocked because a submodule imported earlier in the session stays in sys.modules under its full name."""
+    parts = module.split(".")
+    for i in range(1, len(parts) + 1):
+        monkeypatch.setitem(sys.modules, ".".join(parts[:i]), None)
+
+
 def _normalized(x) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
@@ -108,9 +117,7 @@ def test_mteb_direct(saved_cde, monkeypatch, tmp_path):
     ["llama_index.embeddings.huggingface", "langchain_huggingface", "cde_st_absent_package.embeddings.huggingface"],
 )
 def test_require_skips_when_the_package_or_its_parent_is_absent(module, monkeypatch):
-    # Simulate a fresh install without the client (whether or not this machine has it): an import of a name
-    # whose sys.modules entry is None fails with ModuleNotFoundError, as for a package that is not installed.
-    monkeypatch.setitem(sys.modules, module.split(".")[0], None)
+    _uninstall(module, monkeypatch)  # a fresh install without the client
     with pytest.raises(pytest.skip.Exception, match="is not installed"):
         _require(module, "the-client")
 
@@ -130,11 +137,11 @@ def test_require_passes_when_installed():
     ("script", "module", "package"),
     [
         ("langchain_client.py", "langchain_huggingface", "langchain-huggingface"),
-        ("llamaindex_client.py", "llama_index", "llama-index-embeddings-huggingface"),
+        ("llamaindex_client.py", "llama_index.embeddings.huggingface", "llama-index-embeddings-huggingface"),
     ],
 )
 def test_client_example_without_its_client_names_the_extra_to_install(script, module, package, monkeypatch):
-    monkeypatch.setitem(sys.modules, module, None)  # as on a plain install, whether or not this machine has it
+    _uninstall(module, monkeypatch)
     with pytest.raises(SystemExit) as exit_:
         _run(script, "unused-model-folder", monkeypatch)
     message = str(exit_.value.code)
