@@ -31,6 +31,7 @@ tiny pairs and four generated BEIR folders, batch = J = 8, on the CPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
@@ -41,6 +42,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -155,14 +157,13 @@ def make_config(args, model: str, base: str, pairs: list[str], output_dir: Path,
     )
 
 
-def train_one(cfg, deadline: float, stop_at: int | None) -> tuple[object, dict]:
+def train_one(cfg, pairs, deadline: float, stop_at: int | None) -> tuple[object, dict]:
     """Train as cde_st's ``train()`` does (same model, loss, optimizer, batches, arguments), with a callback that
     stops at ``stop_at`` steps or when ``deadline`` (time.monotonic) passes, whichever comes first."""
     import torch
     from sentence_transformers import SentenceTransformerTrainingArguments
     from transformers import TrainerCallback
 
-    from cde_st.training.data import load_pairs
     from cde_st.training.run import (
         MainProcessSavingTrainer,
         _bf16,
@@ -196,7 +197,6 @@ def train_one(cfg, deadline: float, stop_at: int | None) -> tuple[object, dict]:
 
     torch.manual_seed(cfg.seed)
     start = time.monotonic()
-    pairs = load_pairs(cfg)
     model = build_model(cfg)
     loss = build_loss(cfg, model)
     prompts = resolved_prompts(cfg)
@@ -273,6 +273,29 @@ def row_of(label: str, results: dict) -> dict:
     return {"row": label, **scores, "mean_of_four": round(statistics.mean(scores.values()), 2) if scores else None}
 
 
+@contextlib.contextmanager
+def stage_of(report: dict, name: str):
+    """Time a stage into ``report["stages_s"]``; an exception is recorded in ``report["errors"]``, not raised."""
+    start = time.monotonic()
+    try:
+        yield
+    except Exception:
+        report.setdefault("errors", {})[name] = traceback.format_exc()[-3000:]
+        log(f"{name} failed:\n{report['errors'][name]}")
+    finally:
+        report["stages_s"][name] = round(time.monotonic() - start, 1)
+
+
+def free() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def write(out: Path, report: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "scale_run.json").write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
@@ -281,6 +304,8 @@ def write(out: Path, report: dict) -> None:
         + (" (smoke run: tiny sizes, numbers mean nothing)" if report["smoke"] else ""),
         "",
         f"Command: `{report['command']}`",
+        "",
+        f"Device: {report['device']}; torch {report['torch']}.",
         "",
         "| row | " + " | ".join(CORPORA) + " | mean of four |",
         "|---|" + "---:|" * (len(CORPORA) + 1),
@@ -304,6 +329,8 @@ def write(out: Path, report: dict) -> None:
         f"Stages: {json.dumps(report['stages_s'])}; wall {report.get('wall_s')} s. Notes: "
         + "; ".join(report["notes"]),
     ]
+    for name, error in report.get("errors", {}).items():
+        lines += ["", f"Stage {name} failed: `{error.strip().splitlines()[-1]}` (traceback in scale_run.json)"]
     (out / "scale_run.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -371,56 +398,59 @@ def main() -> None:
         from cde_st.training.data import load_pairs
 
         probe = make_config(args, "contextual", base, pairs, work / "probe", -1, 0)
-        n_pairs = len(load_pairs(probe))
+        train_pairs = load_pairs(probe)  # the same for both models (same data fields)
+        n_pairs = len(train_pairs)
         planned = -(-n_pairs // args.batch_size)  # one epoch
         warmup = max(1, round(args.warmup_fraction * planned))
         report["plan"] = {"pairs": n_pairs, "planned_steps": planned, "warmup_steps": warmup}
         log(f"{n_pairs} pairs: {planned} steps planned (one epoch), warm-up {warmup}")
 
-        # (d) first: it sets the step count both models share
+        # (d) first: it sets the step count both models share. A stage that fails is recorded and the run goes on,
+        # so that one call still returns every number it could measure.
         left = deadline - time.monotonic() - args.eval_reserve_s
         d_deadline = time.monotonic() + args.d_share * left
         cfg_d = make_config(args, "contextual", base, pairs, work / "d", planned, warmup)
         report["config_d"] = cfg_d.to_dict()
-        stage = time.monotonic()
-        model_d, report["training"]["(d)"] = train_one(cfg_d, d_deadline, None)
-        report["stages_s"]["train_d"] = round(time.monotonic() - stage, 1)
-        steps = report["training"]["(d)"]["steps"]
-        log(f"(d) trained: {report['training']['(d)']}")
+        steps, per_scoring = None, args.eval_reserve_s / 5
+        with stage_of(report, "train_d"):
+            model_d, report["training"]["(d)"] = train_one(cfg_d, train_pairs, d_deadline, None)
+            steps = report["training"]["(d)"]["steps"]
+            log(f"(d) trained: {report['training']['(d)']}")
         write(args.out, report)
-
-        stage = time.monotonic()
-        for j in args.eval_sizes:
-            results = score(model_d, corpora, j, args.eval_batch_size)
-            report["scores"][f"(d) J={j}"] = results
-            log(f"(d) J={j}: " + ", ".join(f"{k} {v['ndcg_at_k']:.2f}" for k, v in results.items()))
-        report["stages_s"]["score_d"] = round(time.monotonic() - stage, 1)
-        per_scoring = report["stages_s"]["score_d"] / len(args.eval_sizes)
-        del model_d
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        if "(d)" in report["training"]:
+            with stage_of(report, "score_d"):
+                for j in args.eval_sizes:
+                    results = score(model_d, corpora, j, args.eval_batch_size)
+                    report["scores"][f"(d) J={j}"] = results
+                    log(f"(d) J={j}: " + ", ".join(f"{k} {v['ndcg_at_k']:.2f}" for k, v in results.items()))
+                per_scoring = report["stages_s"]["score_d"] / len(args.eval_sizes)
+            del model_d
+        free()
         write(args.out, report)
 
         # (cp): the same schedule, stopped at (d)'s step; its scoring and (a)'s kept in reserve
         cp_deadline = deadline - 2.5 * per_scoring
         cfg_cp = make_config(args, "biencoder", base, pairs, work / "cp", planned, warmup)
         report["config_cp"] = cfg_cp.to_dict()
-        stage = time.monotonic()
-        model_cp, report["training"]["(cp)"] = train_one(cfg_cp, cp_deadline, steps)
-        report["stages_s"]["train_cp"] = round(time.monotonic() - stage, 1)
-        log(f"(cp) trained: {report['training']['(cp)']}")
-        if report["training"]["(cp)"]["steps"] != steps:
-            report["notes"].append(
-                f"(cp) stopped at {report['training']['(cp)']['steps']} steps, (d) at {steps}: not the same step count"
-            )
-        stage = time.monotonic()
-        report["scores"]["(cp)"] = score(model_cp, corpora, None, args.eval_batch_size, prefixes=True)
-        del model_cp
-        from sentence_transformers import SentenceTransformer
+        with stage_of(report, "train_cp"):
+            model_cp, report["training"]["(cp)"] = train_one(cfg_cp, train_pairs, cp_deadline, steps)
+            log(f"(cp) trained: {report['training']['(cp)']}")
+            if report["training"]["(cp)"]["steps"] != steps:
+                report["notes"].append(
+                    f"(cp) stopped at {report['training']['(cp)']['steps']} steps, (d) at {steps}: "
+                    "not the same step count"
+                )
+        write(args.out, report)
+        if "(cp)" in report["training"]:
+            with stage_of(report, "score_cp"):
+                report["scores"]["(cp)"] = score(model_cp, corpora, None, args.eval_batch_size, prefixes=True)
+            del model_cp
+        free()
+        with stage_of(report, "score_a"):
+            from sentence_transformers import SentenceTransformer
 
-        zero_shot = SentenceTransformer(base, device="cuda" if torch.cuda.is_available() else "cpu")
-        report["scores"]["(a) zero-shot"] = score(zero_shot, corpora, None, args.eval_batch_size)
-        report["stages_s"]["score_cp_a"] = round(time.monotonic() - stage, 1)
+            zero_shot = SentenceTransformer(base, device="cuda" if torch.cuda.is_available() else "cpu")
+            report["scores"]["(a) zero-shot"] = score(zero_shot, corpora, None, args.eval_batch_size)
         order = ["(a) zero-shot", "(cp)", *(f"(d) J={j}" for j in args.eval_sizes)]
         report["table"] = [row_of(name, report["scores"][name]) for name in order if name in report["scores"]]
         report["wall_s"] = round(time.monotonic() - started, 1)
