@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-from sentence_transformers.base.modules import Transformer
+from sentence_transformers.base.modules import Module, Transformer
 from sentence_transformers.base.sampler import BatchSamplers
 from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
 from sentence_transformers.sentence_transformer.modules import Pooling
+from sentence_transformers.util import fullname
 from transformers import TrainerCallback
 
 from cde_st._defaults import default_surrogate_model_path, load_default_surrogate
@@ -37,6 +38,7 @@ from cde_st.prompts import DOCUMENT_PROMPT, QUERY_PROMPT
 from cde_st.training.config import TrainConfig
 from cde_st.training.data import TRAIN_DATA_HELP, NoTrainingDataError, load_pairs, pairs_for_max_steps
 from cde_st.training.output_dir import (
+    CheckpointError,
     checkpoints,
     prepare_output_dir,
     record_outputs,
@@ -212,6 +214,25 @@ class MainProcessSavingTrainer(SentenceTransformerTrainer):
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         if self.args.should_save:
             super()._save(output_dir, state_dict=state_dict)
+
+    def _load_from_checkpoint(self, checkpoint_path: str) -> None:
+        """The checkpoint's weights into the model, as sentence-transformers loads them (a fresh model from the
+        checkpoint folder, its state dict copied over), except that parameters the fresh load adds and the trained
+        model lacks are left out: the checkpoint folder does not keep the loading options the model was built with
+        (the tiny encoder loads without BERT's pooler), so the fresh load builds them newly initialised."""
+        model = getattr(self.model, "_orig_mod", self.model)
+        module_classes = {fullname(module): type(module) for module in model.modules() if isinstance(module, Module)}
+        loaded = model.__class__._load_with_module_classes(
+            checkpoint_path, module_classes, trust_remote_code=model.trust_remote_code
+        )
+        state, own = loaded.state_dict(), model.state_dict()
+        missing = sorted(set(own) - set(state))
+        if missing:
+            raise CheckpointError(
+                f"Cannot resume: checkpoint {checkpoint_path} lacks weights of the model ({missing[:4]}...): it was "
+                "saved from another model. Resume from a checkpoint of this run."
+            )
+        model.load_state_dict({key: state[key] for key in own})
 
 
 class _RecordCheckpoints(TrainerCallback):
