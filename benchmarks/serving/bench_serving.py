@@ -1,19 +1,21 @@
 """Serving throughput and latency of ``cde-st-serve``: the contextual model (J = 512, SciFact context) and its
 bi-encoder on the same server code, against in-process ``encode`` of the same texts.
 
-    OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 python benchmarks/serving/bench_serving.py [--texts queries|documents]
-        [--clients 1 8 32] [--sizes 1 32] [--seconds 15] [--max-texts 1024] [--models cde bi]
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/serving/bench_serving.py [--texts queries|documents]
+        [--clients 1 8 32] [--sizes 1 32] [--seconds 15] [--max-texts 1024] [--rounds 3] [--models cde bi]
 
 Builds (once, in ``--work-dir``) the contextual model ``ContextualSentenceTransformer.from_encoder(MiniLM,
 context_size=512)`` (the ``mini`` preset's architecture: cached context read by the top three layers; untrained,
 which costs the same as trained) with the SciFact corpus as its saved context (seed 0), served as "default", and
-a copy of all-MiniLM-L6-v2 with the same prompts (so both read the same tokens). For each model it starts a
-server (``python -m cde_st.serving``, ``--max-batch-size 32 --max-wait-ms 5``), and for each number of concurrent
-clients and texts per request it sends ``input_type="document"`` requests (base64, as the openai client asks)
-for ``--seconds`` or until ``--max-texts`` texts were sent, whichever comes first, from asyncio httpx clients in
-this process. Texts: SciFact queries (short) or documents (title + abstract, cut at 256 tokens by the model), from
-``../shared/data`` (never copied here). In-process: ``model.encode(texts, batch_size=32)`` on the same texts.
-Prints one table row per run and writes a JSON file beside ``--work-dir``. Results: RESULTS_serving.md.
+a copy of all-MiniLM-L6-v2 with the same prompts (so both read the same tokens). It starts one server per model
+(``python -m cde_st.serving``, ``--max-batch-size 32 --max-wait-ms 5``) and measures, for each model, in-process
+``model.encode(texts, batch_size=32)`` and, for each number of concurrent clients and texts per request,
+``input_type="document"`` requests (base64, as the openai client asks) from asyncio httpx clients in this
+process. Each measurement is bounded by ``--seconds`` and ``--max-texts`` (but at least one request per client)
+and split into ``--rounds`` slices taken in turns with all the others, so the load of a shared machine falls on
+all alike. Texts: SciFact queries (short) or documents (title + abstract, cut at 256 tokens by the model), from
+``../shared/data`` (never copied here). Prints a Markdown table (texts/forward: the server's mean batch) and
+writes a JSON file in ``--work-dir``. Results: RESULTS_serving.md.
 """
 
 from __future__ import annotations
@@ -139,17 +141,32 @@ async def load(url: str, body: dict, texts: list[str], clients: int, size: int, 
     return done, elapsed, latencies
 
 
-def in_process(folder: Path, kind: str, texts: list[str], n: int, batch_size: int) -> float:
+def batch_totals(url: str) -> tuple[float, float]:
+    """(texts, forwards) the server has run: the sum and count of its batch-size histogram."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(("cde_st_batch_size_texts_sum", "cde_st_batch_size_texts_count")):
+            name, value = line.split()
+            values[name] = float(value)
+    return values["cde_st_batch_size_texts_sum"], values["cde_st_batch_size_texts_count"]
+
+
+def load_in_process(folder: Path, kind: str):
     from sentence_transformers import SentenceTransformer
 
     from cde_st import ContextualSentenceTransformer
 
     model = ContextualSentenceTransformer(str(folder)) if kind == "cde" else SentenceTransformer(str(folder))
-    prompt = model.prompts["document"]
-    model.encode(texts[: 2 * batch_size], prompt=prompt, batch_size=batch_size)  # warm-up
+    model.encode(["warm-up"] * 4, prompt=model.prompts["document"])
+    return model
+
+
+def in_process(model, texts: list[str], batch_size: int) -> float:
+    """Seconds ``model.encode`` takes for ``texts`` (document prompt, as the server's requests)."""
     t0 = time.perf_counter()
-    model.encode(texts[:n], prompt=prompt, batch_size=batch_size)
-    return n / (time.perf_counter() - t0)
+    model.encode(texts, prompt=model.prompts["document"], batch_size=batch_size)
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -158,9 +175,15 @@ def main() -> None:
     p.add_argument("--models", nargs="+", choices=["cde", "bi"], default=["cde", "bi"])
     p.add_argument("--clients", nargs="+", type=int, default=[1, 8, 32])
     p.add_argument("--sizes", nargs="+", type=int, default=[1, 32], help="texts per request")
-    p.add_argument("--seconds", type=float, default=15.0, help="time bound of each run")
-    p.add_argument("--max-texts", type=int, default=1024, help="count bound of each run (texts sent)")
-    p.add_argument("--in-process-texts", type=int, default=512)
+    p.add_argument("--seconds", type=float, default=15.0, help="time bound of each measurement (all rounds)")
+    p.add_argument(
+        "--max-texts",
+        type=int,
+        default=1024,
+        help="count bound of each measurement (texts sent, all rounds; at least one request per client)",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (each measurement gets a slice of each)")
+    p.add_argument("--in-process-texts", type=int, default=512, help="texts encoded in-process (all rounds)")
     p.add_argument("--context-size", type=int, default=512)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
@@ -179,47 +202,72 @@ def main() -> None:
     folders = build_models(work, args.context_size)
     texts = scifact(args.texts)
     texts = [texts[i] for i in np.random.default_rng(0).permutation(len(texts))]
-    results = []
-    print("| model | clients | texts/request | texts | texts/s | p50 ms | p99 ms | requests | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|")
+
+    measurements = []  # (model, clients, texts per request); clients None: in-process encode
     for kind in args.models:
-        n = min(args.in_process_texts, len(texts))
-        # Measured before and after the server runs: on a shared machine the load moves, and the two bracket it.
-        before = in_process(folders[kind], kind, texts, n, args.max_batch_size)
-        print(
-            f"| {kind} | in-process encode (before), batch {args.max_batch_size} | - | {n} | {before:.1f} | - | - | - "
-            f"| {os.getloadavg()[0]:.1f} |",
-            flush=True,
-        )
-        server = Server(folders[kind], work / f"server-{kind}.log", args.max_batch_size, args.max_wait_ms)
-        body = {"model": "m", "encoding_format": "base64", "input_type": "document"}
-        if kind == "cde":
-            body["context"] = "default"
-        try:
-            for size in args.sizes:
-                for clients in args.clients:
-                    done, elapsed, lat = asyncio.run(
-                        load(server.url, body, texts, clients, size, args.seconds, args.max_texts)
-                    )
-                    p50, p99 = (np.percentile(lat, q) * 1000 for q in (50, 99))
-                    row = {"model": kind, "mode": "server", "clients": clients, "size": size, "texts": done,
-                           "seconds": elapsed, "texts_per_s": done / elapsed, "p50_ms": p50, "p99_ms": p99,
-                           "requests": len(lat), "load": os.getloadavg()[0]}  # fmt: skip
-                    results.append(row)
-                    print(
-                        f"| {kind} | {clients} | {size} | {done} | {done / elapsed:.1f} | {p50:.0f} | {p99:.0f} | "
-                        f"{len(lat)} | {row['load']:.1f} |",
-                        flush=True,
-                    )
-        finally:
+        measurements.append((kind, None, None))
+        measurements += [(kind, clients, size) for size in args.sizes for clients in args.clients]
+    totals = {m: {"texts": 0, "seconds": 0.0, "latencies": [], "forwards": 0.0, "forward_texts": 0.0}
+              for m in measurements}  # fmt: skip
+    # Both servers run from the start (an idle one costs nothing), so their measurements can take turns.
+    servers = {kind: Server(folders[kind], work / f"server-{kind}.log", args.max_batch_size, args.max_wait_ms)
+               for kind in args.models}  # fmt: skip
+    models = {kind: load_in_process(folders[kind], kind) for kind in args.models}
+    try:
+        for round_ in range(args.rounds):
+            # Every measurement gets one slice per round, in alternating order: the machine's load, which moves
+            # (other jobs share its cores), then falls on all of them alike, and the ratios stay meaningful.
+            for m in measurements if round_ % 2 == 0 else measurements[::-1]:
+                kind, clients, size = m
+                total = totals[m]
+                if clients is None:
+                    n = max(args.max_batch_size, args.in_process_texts // args.rounds)
+                    chunk = [texts[(round_ * n + i) % len(texts)] for i in range(n)]
+                    total["seconds"] += in_process(models[kind], chunk, args.max_batch_size)
+                    total["texts"] += n
+                    continue
+                body = {"model": "m", "encoding_format": "base64", "input_type": "document"}
+                if kind == "cde":
+                    body["context"] = "default"
+                url = servers[kind].url
+                before = batch_totals(url)
+                budget = max(clients * size, args.max_texts // args.rounds)
+                done, elapsed, latencies = asyncio.run(
+                    load(url, body, texts, clients, size, args.seconds / args.rounds, budget)
+                )
+                after = batch_totals(url)
+                total["texts"] += done
+                total["seconds"] += elapsed
+                total["latencies"] += latencies
+                total["forward_texts"] += after[0] - before[0]  # warm-up requests included
+                total["forwards"] += after[1] - before[1]
+            print(f"round {round_ + 1}/{args.rounds} done, load average {os.getloadavg()[0]:.1f}", flush=True)
+    finally:
+        for server in servers.values():
             server.stop()
-        after = in_process(folders[kind], kind, texts, n, args.max_batch_size)
-        print(
-            f"| {kind} | in-process encode (after), batch {args.max_batch_size} | - | {n} | {after:.1f} | - | - | - "
-            f"| {os.getloadavg()[0]:.1f} |",
-            flush=True,
-        )
-        results.append({"model": kind, "mode": "in-process", "texts_per_s": [before, after]})
+
+    results = []
+    print("| model | clients | texts/request | texts | texts/s | p50 ms | p99 ms | requests | texts/forward |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (kind, clients, size), total in totals.items():
+        rate = total["texts"] / total["seconds"]
+        row = {"model": kind, "clients": clients, "size": size, "texts": total["texts"],
+               "seconds": total["seconds"], "texts_per_s": rate}  # fmt: skip
+        if clients is None:
+            print(
+                f"| {kind} | in-process encode, batch {args.max_batch_size} | - | {total['texts']} | {rate:.1f} "
+                "| - | - | - | - |"
+            )
+        else:
+            p50, p99 = (float(np.percentile(total["latencies"], q) * 1000) for q in (50, 99))
+            per_forward = total["forward_texts"] / max(1.0, total["forwards"])
+            row.update(p50_ms=p50, p99_ms=p99, requests=len(total["latencies"]), texts_per_forward=per_forward)
+            print(
+                f"| {kind} | {clients} | {size} | {total['texts']} | {rate:.1f} | {p50:.0f} | {p99:.0f} | "
+                f"{len(total['latencies'])} | {per_forward:.1f} |"
+            )
+        results.append(row)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
     out = work / f"results-{args.texts}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"args": vars(args), "threads": threads, "results": results}, indent=1))
     print(f"wrote {out}")

@@ -28,7 +28,7 @@ from cde_st.serving.contexts import ContextStore, check_name
 from cde_st.serving.engine import Batch, Engine
 from cde_st.serving.errors import ApiError
 from cde_st.serving.metrics import Metrics
-from cde_st.serving.requests import parse_context, parse_embeddings, parse_json
+from cde_st.serving.requests import check_content_type, parse_context, parse_embeddings, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
 
     async def read_json(request: Request) -> dict:
         content_type = request.headers.get("content-type")
-        parse_json(b"{}", content_type)  # the content type is refused before a large body is read
+        check_content_type(content_type)  # refused before a large body is read
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > settings.max_body_bytes:
             raise _too_large()

@@ -31,8 +31,8 @@ class ContextRequest:
     replace: bool
 
 
-def parse_json(raw: bytes, content_type: str | None) -> dict:
-    """The JSON object of a body; 415 for another content type, 400 for malformed JSON or a non-object."""
+def check_content_type(content_type: str | None) -> None:
+    """415 unless the body is declared JSON (checked before a body is read)."""
     media = (content_type or "").split(";")[0].strip().lower()
     if media != "application/json":
         raise ApiError(
@@ -40,6 +40,11 @@ def parse_json(raw: bytes, content_type: str | None) -> dict:
             f"Content-Type must be application/json, got {content_type or 'none'!r}.",
             code="unsupported_media_type",
         )
+
+
+def parse_json(raw: bytes, content_type: str | None) -> dict:
+    """The JSON object of a body; 415 for another content type, 400 for malformed JSON or a non-object."""
+    check_content_type(content_type)
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
