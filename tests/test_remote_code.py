@@ -52,6 +52,23 @@ def test_trust_remote_code_route_imports_the_planted_file(make_tiny_cde, tmp_pat
     assert marker.exists(), "sentence-transformers no longer imports cde_st.py from the folder: update docs/models.md"
 
 
+def test_trust_remote_code_route_warns_which_call_loads_a_contextual_model(make_tiny_cde, tmp_path):
+    """sentence-transformers' error on SentenceTransformer(folder) advises trust_remote_code=True; followed, the
+    load warns with the call that gives a contextual model. ContextualSentenceTransformer and the clients that wrap
+    its modules do not warn."""
+    import warnings
+
+    folder = tmp_path / "model"
+    make_tiny_cde(context_size=2).save(str(folder))
+    with pytest.warns(UserWarning, match=r"cde_st.ContextualSentenceTransformer\(path\)") as caught:
+        plain = SentenceTransformer(str(folder), trust_remote_code=True)
+    assert str(folder) in str(caught[0].message) and not hasattr(plain, "set_context")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model = ContextualSentenceTransformer(str(folder))
+        SentenceTransformer(modules=list(model))  # a client wrapping the loaded model's modules
+
+
 DOCS = [f"document {i} about {topic}" for i, topic in enumerate(["cats", "rain", "planets", "tea"] * 2)]
 
 
@@ -65,9 +82,7 @@ def test_trust_remote_code_route_pool_never_uses_a_stale_context(make_tiny_cde, 
     cde_st.set_context(plain, DOCS[:4], seed=0)
     pool = plain.start_multi_process_pool(["cpu"])
     try:
-        np.testing.assert_allclose(
-            plain.encode_document(DOCS, pool=pool), plain.encode_document(DOCS), atol=1e-6
-        )
+        np.testing.assert_allclose(plain.encode_document(DOCS, pool=pool), plain.encode_document(DOCS), atol=1e-6)
         cde_st.set_context(plain, DOCS[4:], seed=0)  # after the worker copied the model
         with pytest.raises(RuntimeError, match=r"context .*changed after .*pool.*start_multi_process_pool"):
             plain.encode_document(DOCS, pool=pool)
@@ -75,8 +90,6 @@ def test_trust_remote_code_route_pool_never_uses_a_stale_context(make_tiny_cde, 
         plain.stop_multi_process_pool(pool)
     pool = plain.start_multi_process_pool(["cpu"])  # the fix the error names
     try:
-        np.testing.assert_allclose(
-            plain.encode_document(DOCS, pool=pool), plain.encode_document(DOCS), atol=1e-6
-        )
+        np.testing.assert_allclose(plain.encode_document(DOCS, pool=pool), plain.encode_document(DOCS), atol=1e-6)
     finally:
         plain.stop_multi_process_pool(pool)

@@ -560,7 +560,27 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
         if context_path is not None and saved.get("context_info") is not None:
             used.append(CONTEXT_FILE)
         check_manifest(lambda name: load_file_path(model_name_or_path, name, **hub), used)
+        module._loaded_from = str(model_name_or_path)  # read once by on_model_ready
         return module
+
+    def on_model_ready(self, model: Any) -> None:
+        """sentence-transformers' hook once the model holding this module is built. A folder loaded by plain
+        ``SentenceTransformer(path, trust_remote_code=True)`` (the advice of sentence-transformers' error) would
+        otherwise load without a word: say which call loads it as a contextual model."""
+        super().on_model_ready(model)
+        loaded_from, self._loaded_from = getattr(self, "_loaded_from", None), None
+        # Only the model a folder is loaded into: a client that later wraps these modules (LangChain, LlamaIndex)
+        # builds its SentenceTransformer from the modules of a ContextualSentenceTransformer on purpose.
+        if loaded_from is not None and not hasattr(model, "set_context"):
+            warnings.warn(
+                f"{loaded_from} is a cde_st model loaded into a plain {type(model).__name__}, which has no "
+                "set_context(); with trust_remote_code=True, sentence-transformers would also import a cde_st.py "
+                "found in the folder instead of the installed cde_st. Load it with "
+                "cde_st.ContextualSentenceTransformer(path) (no trust_remote_code needed); for this model object, "
+                "cde_st.set_context(model, corpus_texts) sets the context.",
+                UserWarning,
+                stacklevel=2,
+            )
 
 
 # A stable class reference in modules.json, independent of the file layout.
