@@ -423,7 +423,7 @@ def main() -> None:
                     results = score(model_d, corpora, j, args.eval_batch_size)
                     report["scores"][f"(d) J={j}"] = results
                     log(f"(d) J={j}: " + ", ".join(f"{k} {v['ndcg_at_k']:.2f}" for k, v in results.items()))
-                per_scoring = report["stages_s"]["score_d"] / len(args.eval_sizes)
+            per_scoring = report["stages_s"]["score_d"] / len(args.eval_sizes)
             del model_d
         free()
         write(args.out, report)
