@@ -12,8 +12,9 @@ and sampler), false-negative filtering (guide: the same MiniLM), bf16, all pairs
 
 (d) trains first, then (cp) with the same planned schedule (``max_steps``, warm-up) and a stop at the step (d)
 reached: a wall-time guard stops (d) when its share of ``--budget-s`` is spent, so both see the same number of
-steps and pairs. Then every model is scored on each ``--corpora`` BEIR folder (NDCG@10 over the whole corpus,
-test split, max length 256, the evaluation kit's prefixes, context sampling and identical-ids rule) with
+steps and pairs. Then every model is scored on each BEIR folder of ``--corpora`` (default: SciFact, MED, CACM and
+LISA from ``--data``; any BEIR folders can be added) with NDCG@10 over the whole corpus (test split, max length 256,
+the evaluation kit's prefixes, context sampling and identical-ids rule) by
 :func:`cde_st.evaluation.ndcg.score_beir_folder`, which needs neither mteb, beir nor pytrec_eval: (a) zero-shot
 MiniLM (the weights as carried), (cp), and (d) at J = 0, 64 and 512.
 
@@ -270,7 +271,7 @@ def score(model, corpora: dict[str, Path], context_size: int | None, batch_size:
 
 def row_of(label: str, results: dict) -> dict:
     scores = {name: round(r["ndcg_at_k"], 2) for name, r in results.items()}
-    return {"row": label, **scores, "mean_of_four": round(statistics.mean(scores.values()), 2) if scores else None}
+    return {"row": label, **scores, "mean": round(statistics.mean(scores.values()), 2) if scores else None}
 
 
 @contextlib.contextmanager
@@ -307,12 +308,12 @@ def write(out: Path, report: dict) -> None:
         "",
         f"Device: {report['device']}; torch {report['torch']}.",
         "",
-        "| row | " + " | ".join(CORPORA) + " | mean of four |",
-        "|---|" + "---:|" * (len(CORPORA) + 1),
+        "| row | " + " | ".join(report["corpora"]) + f" | mean of {len(report['corpora'])} |",
+        "|---|" + "---:|" * (len(report["corpora"]) + 1),
     ]
     for row in report["table"]:
         lines.append(
-            f"| {row['row']} | " + " | ".join(f"{row.get(c, '')}" for c in CORPORA) + f" | {row['mean_of_four']} |"
+            f"| {row['row']} | " + " | ".join(f"{row.get(c, '')}" for c in report["corpora"]) + f" | {row['mean']} |"
         )
     lines += [
         "",
@@ -348,6 +349,9 @@ def main() -> None:
     parser.add_argument("--max-seq-length", type=int, default=64)
     parser.add_argument("--warmup-fraction", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--corpora", type=Path, nargs="+", help="BEIR folders to score (default: the four in --data's retrieval/)"
+    )
     parser.add_argument("--eval-sizes", type=int, nargs="+", default=[0, 64, 512], help="J of (d) when scored")
     parser.add_argument("--eval-batch-size", type=int, default=256)
     parser.add_argument("--logging-steps", type=int, default=20)
@@ -371,6 +375,7 @@ def main() -> None:
         "training": {},
         "scores": {},
         "table": [],
+        "corpora": [],
         "notes": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -392,7 +397,9 @@ def main() -> None:
             data = prepare_data(args.data, work)
             base = str(widen_model(args.model, work))
         pairs = [str(p) for p in (data / "pairs_wiki", data / "pairs") if p.is_dir()]
-        corpora = {name: data / "retrieval" / name for name in CORPORA}
+        folders = args.corpora or [data / "retrieval" / name for name in CORPORA]
+        corpora = {Path(folder).name: Path(folder) for folder in folders}
+        report["corpora"] = list(corpora)
         report["stages_s"]["inputs"] = round(time.monotonic() - started, 1)
         log(f"inputs ready: pairs {pairs}, base {base}")
         from cde_st.training.data import load_pairs
