@@ -180,9 +180,13 @@ def test_context_mask_is_checked(make_tiny_cde):
 
 
 def test_context_layers_are_checked(make_tiny_cde):
-    for bad in ([2], [-3], [], ["0"], "top"):
+    for bad in ([2], [-3], [], ["zero"], [0.5], "top"):
         with pytest.raises(ValueError, match="context_layers"):
             make_tiny_cde(context_size=8, context_attention="cached", context_layers=bad)
+    # the one coercion rule: the text of a whole number is that number
+    assert make_tiny_cde(
+        context_size=8, context_attention="cached", context_layers=["0"]
+    ).contextual_module.context_layers == [0]
     with pytest.raises(ValueError, match="context_layers needs"):
         make_tiny_cde(context_size=8, context_layers=[1])  # joint attention without gate: every layer reads
     gated = make_tiny_cde(context_size=8, context_gate=True, context_layers=[1])  # joint + gate: allowed
