@@ -141,15 +141,16 @@ async def load(url: str, body: dict, texts: list[str], clients: int, size: int, 
     return done, elapsed, latencies
 
 
-def batch_totals(url: str) -> tuple[float, float]:
-    """(texts, forwards) the server has run: the sum and count of its batch-size histogram."""
+def batch_totals(url: str) -> tuple[float, float, float]:
+    """(texts, forwards, seconds in forwards) the server has run, from its metrics."""
     text = httpx.get(url + "/metrics", timeout=30).text
+    names = ("cde_st_batch_size_texts_sum", "cde_st_batch_size_texts_count", "cde_st_forward_seconds_sum")
     values = {}
     for line in text.splitlines():
-        if line.startswith(("cde_st_batch_size_texts_sum", "cde_st_batch_size_texts_count")):
+        if line.startswith(names):
             name, value = line.split()
             values[name] = float(value)
-    return values["cde_st_batch_size_texts_sum"], values["cde_st_batch_size_texts_count"]
+    return tuple(values[name] for name in names)
 
 
 def load_in_process(folder: Path, kind: str):
@@ -207,7 +208,8 @@ def main() -> None:
     for kind in args.models:
         measurements.append((kind, None, None))
         measurements += [(kind, clients, size) for size in args.sizes for clients in args.clients]
-    totals = {m: {"texts": 0, "seconds": 0.0, "latencies": [], "forwards": 0.0, "forward_texts": 0.0}
+    totals = {m: {"texts": 0, "seconds": 0.0, "latencies": [], "forwards": 0.0, "forward_texts": 0.0,
+               "forward_seconds": 0.0}
               for m in measurements}  # fmt: skip
     # Both servers run from the start (an idle one costs nothing), so their measurements can take turns.
     servers = {kind: Server(folders[kind], work / f"server-{kind}.log", args.max_batch_size, args.max_wait_ms)
@@ -241,14 +243,18 @@ def main() -> None:
                 total["latencies"] += latencies
                 total["forward_texts"] += after[0] - before[0]  # warm-up requests included
                 total["forwards"] += after[1] - before[1]
+                total["forward_seconds"] += after[2] - before[2]
             print(f"round {round_ + 1}/{args.rounds} done, load average {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         for server in servers.values():
             server.stop()
 
     results = []
-    print("| model | clients | texts/request | texts | texts/s | p50 ms | p99 ms | requests | texts/forward |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| model | clients | texts/request | texts | texts/s | p50 ms | p99 ms | requests | texts/forward "
+        "| forward ms/text |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (kind, clients, size), total in totals.items():
         rate = total["texts"] / total["seconds"]
         row = {"model": kind, "clients": clients, "size": size, "texts": total["texts"],
@@ -256,15 +262,17 @@ def main() -> None:
         if clients is None:
             print(
                 f"| {kind} | in-process encode, batch {args.max_batch_size} | - | {total['texts']} | {rate:.1f} "
-                "| - | - | - | - |"
+                f"| - | - | - | - | {1000 / rate:.1f} |"
             )
         else:
             p50, p99 = (float(np.percentile(total["latencies"], q) * 1000) for q in (50, 99))
             per_forward = total["forward_texts"] / max(1.0, total["forwards"])
-            row.update(p50_ms=p50, p99_ms=p99, requests=len(total["latencies"]), texts_per_forward=per_forward)
+            per_text = 1000 * total["forward_seconds"] / max(1.0, total["forward_texts"])
+            row.update(p50_ms=p50, p99_ms=p99, requests=len(total["latencies"]), texts_per_forward=per_forward,
+                       forward_ms_per_text=per_text)  # fmt: skip
             print(
                 f"| {kind} | {clients} | {size} | {total['texts']} | {rate:.1f} | {p50:.0f} | {p99:.0f} | "
-                f"{len(total['latencies'])} | {per_forward:.1f} |"
+                f"{len(total['latencies'])} | {per_forward:.1f} | {per_text:.1f} |"
             )
         results.append(row)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")

@@ -57,8 +57,15 @@ def _error(error: ApiError) -> Response:
 def create_app(engine: Engine, store: ContextStore, settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
+
+    def forward(key, texts: list[str]) -> Batch:
+        started = time.perf_counter()
+        batch = engine.embed(texts, key[1], key[0])
+        metrics.forward_seconds.observe(time.perf_counter() - started)
+        return batch
+
     batcher = DynamicBatcher(
-        lambda key, texts: engine.embed(texts, key[1], key[0]),
+        forward,
         engine.executor,
         max_batch_size=settings.max_batch_size,
         max_wait=settings.max_wait_ms / 1000,

@@ -42,6 +42,12 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=self.registry,
         )
+        self.forward_seconds = Histogram(
+            "cde_st_forward_seconds",
+            "Time of one forward pass (tokenising and the model) in the model thread.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.queue_depth = Gauge(
             "cde_st_queue_depth_texts", "Texts waiting for a forward pass.", registry=self.registry
         )

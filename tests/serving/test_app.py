@@ -270,6 +270,7 @@ def test_models_health_and_metrics(cde_server):
         "cde_st_errors_total",
         "cde_st_batch_size_texts_bucket",
         "cde_st_queue_depth_texts",
+        "cde_st_forward_seconds_count",
         "cde_st_request_latency_seconds_bucket",
     ):
         assert name in text
