@@ -281,7 +281,7 @@ def test_plain_model_is_served_and_refuses_contexts(plain_dir, start_server):
     from sentence_transformers import SentenceTransformer
 
     # A long batching wait and a queue of two texts make the overload case deterministic on this server.
-    server = start_server(plain_dir, "--max-queue", "2", "--max-wait-ms", "400", "--max-batch-size", "64")
+    server = start_server(plain_dir, "--max-queue", "2", "--max-wait-ms", "1500", "--max-batch-size", "64")
     model = SentenceTransformer(plain_dir)
     with server.client(key=None) as client:
         answer = client.post("/v1/embeddings", json={"model": "tiny-plain", "input": SHORT_DOCS[:2]})
@@ -298,7 +298,11 @@ def test_plain_model_is_served_and_refuses_contexts(plain_dir, start_server):
                 first = asyncio.create_task(
                     aclient.post("/v1/embeddings", json={"model": "tiny-plain", "input": ["a", "b"]})
                 )
-                await asyncio.sleep(0.15)  # the first request now waits in the queue for its batch to fill
+                # wait until the first request's two texts wait in the queue for their batch to fill
+                deadline = time.monotonic() + 10
+                while "cde_st_queue_depth_texts 2.0" not in (await aclient.get("/metrics")).text:
+                    assert time.monotonic() < deadline, "the first request never queued"
+                    await asyncio.sleep(0.01)
                 second = await aclient.post("/v1/embeddings", json={"model": "tiny-plain", "input": "c"})
                 return await first, second
 

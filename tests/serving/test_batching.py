@@ -27,14 +27,24 @@ class FakeForward:
         self.batches: list[tuple] = []
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()  # set when a forward starts (before the gate)
         self.fail: Exception | None = None
 
     def __call__(self, key, texts):
+        self.entered.set()
         self.gate.wait(timeout=10)
         self.batches.append((key, list(texts)))
         if self.fail is not None:
             raise self.fail
         return Rows([(key, t) for t in texts])
+
+
+async def until_a_forward_runs(forward: FakeForward) -> None:
+    deadline = time.monotonic() + 10
+    while not forward.entered.is_set():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.005)
+    forward.entered.clear()
 
 
 def run(coro):
@@ -53,7 +63,7 @@ def test_requests_queued_during_a_forward_share_the_next_one():
         batcher.start()
         forward.gate.clear()
         first = asyncio.create_task(batcher.submit("k", ["first"]))
-        await asyncio.sleep(0.05)  # the first forward is running (held); the next ten queue meanwhile
+        await until_a_forward_runs(forward)  # the first forward is running (held); the next ten queue meanwhile
         rest = [asyncio.create_task(batcher.submit("k", [f"t{i}"])) for i in range(10)]
         await asyncio.sleep(0.05)
         forward.gate.set()
@@ -91,7 +101,7 @@ def test_keys_are_never_mixed_and_the_wait_gathers_stragglers():
     forward = FakeForward()
 
     async def go():
-        batcher = make(forward, max_batch_size=32, max_wait=0.5)
+        batcher = make(forward, max_batch_size=32, max_wait=2.0)
         batcher.start()
         tasks = []
         for i in range(6):
@@ -133,7 +143,7 @@ def test_a_full_queue_refuses_at_once_and_recovers():
         batcher.start()
         forward.gate.clear()
         running = asyncio.create_task(batcher.submit("k", ["running"]))
-        await asyncio.sleep(0.05)  # held in the forward: the queue below is what waits
+        await until_a_forward_runs(forward)  # held in the forward: the queue below is what waits
         queued = [asyncio.create_task(batcher.submit("k", [f"q{i}", f"q{i}b"])) for i in range(2)]
         await asyncio.sleep(0.01)
         assert batcher.pending == 4
@@ -176,7 +186,7 @@ def test_a_cancelled_request_is_not_computed_and_stop_fails_the_queue():
         batcher.start()
         forward.gate.clear()
         running = asyncio.create_task(batcher.submit("k", ["running"]))
-        await asyncio.sleep(0.05)
+        await until_a_forward_runs(forward)
         gone = asyncio.create_task(batcher.submit("k", ["client went away"]))
         kept = asyncio.create_task(batcher.submit("k", ["kept"]))
         await asyncio.sleep(0.01)
@@ -184,8 +194,9 @@ def test_a_cancelled_request_is_not_computed_and_stop_fails_the_queue():
         forward.gate.set()
         await asyncio.gather(running, kept)
         forward.gate.clear()
+        forward.entered.clear()
         blocked = asyncio.create_task(batcher.submit("k", ["in flight"]))
-        await asyncio.sleep(0.05)
+        await until_a_forward_runs(forward)
         waiting = asyncio.create_task(batcher.submit("k", ["never run"]))
         await asyncio.sleep(0.01)
         await batcher.stop()
