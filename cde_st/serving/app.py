@@ -54,95 +54,84 @@ def _error(error: ApiError) -> Response:
     return _json(error.status, error.body(), error.headers)
 
 
-def create_app(engine: Engine, store: ContextStore, settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings()
-    metrics = Metrics()
+class _Service:
+    """What the routes share: the engine, the context store, the batcher, the metrics and the settings; the
+    request checks every route runs, and the handlers themselves."""
 
-    def forward(key, texts: list[str]) -> Batch:
+    def __init__(self, engine: Engine, store: ContextStore, settings: Settings) -> None:
+        self.engine, self.store, self.settings = engine, store, settings
+        self.metrics = Metrics()
+        self.batcher = DynamicBatcher(
+            self._forward,
+            engine.executor,
+            max_batch_size=settings.max_batch_size,
+            max_wait=settings.max_wait_ms / 1000,
+            max_queue=settings.max_queue,
+            on_batch=self.metrics.observe_batch,
+            on_queue=self.metrics.queue_depth.set,
+        )
+        self.api_key = settings.api_key.encode("utf-8") if settings.api_key else None
+
+    def _forward(self, key, texts: list[str]) -> Batch:
         started = time.perf_counter()
-        batch = engine.embed(texts, key[1], key[0])
-        metrics.forward_seconds.observe(time.perf_counter() - started)
+        batch = self.engine.embed(texts, key[1], key[0])
+        self.metrics.forward_seconds.observe(time.perf_counter() - started)
         return batch
 
-    batcher = DynamicBatcher(
-        forward,
-        engine.executor,
-        max_batch_size=settings.max_batch_size,
-        max_wait=settings.max_wait_ms / 1000,
-        max_queue=settings.max_queue,
-        on_batch=metrics.observe_batch,
-        on_queue=metrics.queue_depth.set,
-    )
-    api_key = settings.api_key.encode("utf-8") if settings.api_key else None
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        batcher.start()
-        try:
-            yield
-        finally:
-            await batcher.stop()
-            engine.close()
-
-    # The interactive docs would describe raw-body routes as schemaless; the request shapes are in docs/serving.md.
-    app = FastAPI(title="cde-st-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.engine, app.state.store, app.state.batcher, app.state.metrics = engine, store, batcher, metrics
-
-    def check_key(request: Request) -> None:
-        if api_key is None:
+    # ------------------------------------------------------------------ what every route runs
+    def check_key(self, request: Request) -> None:
+        if self.api_key is None:
             return
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise ApiError(401, "Missing API key: send it as 'Authorization: Bearer KEY'.", code="invalid_api_key")
-        if not hmac.compare_digest(given.strip().encode("utf-8"), api_key):
+        if not hmac.compare_digest(given.strip().encode("utf-8"), self.api_key):
             raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
 
-    async def read_json(request: Request) -> dict:
+    async def read_json(self, request: Request) -> dict:
         content_type = request.headers.get("content-type")
         check_content_type(content_type)  # refused before a large body is read
+        limit = self.settings.max_body_bytes
+        too_large = ApiError(413, f"The request body exceeds {limit} bytes.", code="request_too_large")
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > settings.max_body_bytes:
-            raise _too_large()
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > settings.max_body_bytes:
-                raise _too_large()
+            if size > limit:
+                raise too_large
             chunks.append(chunk)
         return parse_json(b"".join(chunks), content_type)
 
-    def _too_large() -> ApiError:
-        return ApiError(413, f"The request body exceeds {settings.max_body_bytes} bytes.", code="request_too_large")
-
-    def route(endpoint: str, authenticated: bool = True):
+    def route(self, endpoint: str, handler, authenticated: bool = True):
         """Count, time and error-wrap one endpoint; an ApiError becomes OpenAI's error body, anything else a 500
         with the traceback in the log (never in the answer)."""
+        metrics = self.metrics
 
-        def wrap(handler):
-            @functools.wraps(handler)
-            async def wrapped(request: Request, *args, **kwargs):
-                started = time.perf_counter()
-                try:
-                    if authenticated:
-                        check_key(request)
-                    response = await handler(request, *args, **kwargs)
-                except ApiError as error:
-                    response = _error(error)
-                    metrics.errors.labels(endpoint, error.code or error.type).inc()
-                except Exception:
-                    logger.exception("%s failed", endpoint)
-                    response = _error(ApiError(500, "Internal server error (see the server log).", code="internal"))
-                    metrics.errors.labels(endpoint, "internal").inc()
-                metrics.requests.labels(endpoint, str(response.status_code)).inc()
-                metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
-                return response
+        @functools.wraps(handler)
+        async def wrapped(request: Request, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                if authenticated:
+                    self.check_key(request)
+                response = await handler(request, *args, **kwargs)
+            except ApiError as error:
+                response = _error(error)
+                metrics.errors.labels(endpoint, error.code or error.type).inc()
+            except Exception:
+                logger.exception("%s failed", endpoint)
+                response = _error(ApiError(500, "Internal server error (see the server log).", code="internal"))
+                metrics.errors.labels(endpoint, "internal").inc()
+            metrics.requests.labels(endpoint, str(response.status_code)).inc()
+            metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+            return response
 
-            return wrapped
+        return wrapped
 
-        return wrap
-
-    def resolve_context(name: str | None):
+    def resolve_context(self, name: str | None):
+        engine = self.engine
         if not engine.contextual:
             if name is not None:
                 raise ApiError(
@@ -153,14 +142,20 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
                     code="context_unsupported",
                 )
             return None
-        if name is None:
-            return store.default()
-        return store.get(name)
+        return self.store.default() if name is None else self.store.get(name)
 
-    @app.post("/v1/embeddings")
-    @route("embeddings")
-    async def embeddings(request: Request) -> Response:
-        body = parse_embeddings(await read_json(request), settings.max_inputs, engine.dimension)
+    def require_contextual(self) -> None:
+        if not self.engine.contextual:
+            raise ApiError(
+                400,
+                f"Model {self.engine.served_name!r} is not a contextual model: it has no contexts.",
+                code="context_unsupported",
+            )
+
+    # ------------------------------------------------------------------ /v1/embeddings
+    async def embeddings(self, request: Request) -> Response:
+        engine = self.engine
+        body = parse_embeddings(await self.read_json(request), self.settings.max_inputs, engine.dimension)
         if body.model != engine.served_name:
             raise ApiError(
                 404,
@@ -168,9 +163,9 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
                 param="model",
                 code="model_not_found",
             )
-        context = resolve_context(body.context)
+        context = self.resolve_context(body.context)
         try:
-            batch: Batch = await batcher.submit((context, body.input_type), body.texts)
+            batch: Batch = await self.batcher.submit((context, body.input_type), body.texts)
         except Overloaded as exc:
             raise ApiError(
                 429,
@@ -178,19 +173,10 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
                 code="queue_full",
                 headers={"Retry-After": str(exc.retry_after)},
             ) from None
-        vectors = batch.embeddings
-        if body.dimensions is not None and body.dimensions < engine.dimension:
-            vectors = vectors[:, : body.dimensions]
-            if engine.normalizes:  # a Matryoshka prefix of a unit vector is not unit length
-                norms = (vectors.astype("float64") ** 2).sum(axis=1, keepdims=True) ** 0.5
-                vectors = (vectors / norms.clip(min=1e-12)).astype("float32")
-        if body.encoding_format == "base64":
-            rows = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
-        else:
-            rows = vectors.tolist()
+        rows = _embedding_rows(batch.embeddings, body.dimensions, engine.normalizes, body.encoding_format)
         tokens = int(batch.tokens.sum())
-        metrics.texts.inc(len(rows))
-        metrics.tokens.inc(tokens)
+        self.metrics.texts.inc(len(rows))
+        self.metrics.tokens.inc(tokens)
         answer = {
             "object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
@@ -202,52 +188,39 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
             answer["context"] = {"name": context.name, "fingerprint": context.fingerprint}
         return _json(200, answer)
 
-    def require_contextual() -> None:
-        if not engine.contextual:
-            raise ApiError(
-                400,
-                f"Model {engine.served_name!r} is not a contextual model: it has no contexts.",
-                code="context_unsupported",
-            )
-
-    @app.post("/v1/contexts")
-    @route("contexts.create")
-    async def create_context(request: Request) -> Response:
-        require_contextual()
-        body = parse_context(await read_json(request))
-        store.reserve(body.name, body.replace)
+    # ------------------------------------------------------------------ /v1/contexts
+    async def create_context(self, request: Request) -> Response:
+        self.require_contextual()
+        body = parse_context(await self.read_json(request))
+        self.store.reserve(body.name, body.replace)
         try:
             loop = asyncio.get_running_loop()
             # the first stage is a forward like any other: it runs in the model's one worker thread
             context = await loop.run_in_executor(
-                engine.executor, engine.make_context, body.name, body.documents, body.size, body.seed
+                self.engine.executor, self.engine.make_context, body.name, body.documents, body.size, body.seed
             )
         except BaseException:
-            store.release(body.name)
+            self.store.release(body.name)
             raise
-        await asyncio.to_thread(store.commit, context)
+        await asyncio.to_thread(self.store.commit, context)
         return _json(201, context.describe())
 
-    @app.get("/v1/contexts")
-    @route("contexts.list")
-    async def list_contexts(request: Request) -> Response:
-        require_contextual()
-        return _json(200, {"object": "list", "data": [c.describe() for c in store.list()]})
+    async def list_contexts(self, request: Request) -> Response:
+        self.require_contextual()
+        return _json(200, {"object": "list", "data": [c.describe() for c in self.store.list()]})
 
-    @app.get("/v1/contexts/{name}")
-    @route("contexts.get")
-    async def get_context(request: Request, name: str) -> Response:
-        require_contextual()
-        return _json(200, store.get(check_name(name)).describe())
+    async def get_context(self, request: Request, name: str) -> Response:
+        self.require_contextual()
+        return _json(200, self.store.get(check_name(name)).describe())
 
-    @app.delete("/v1/contexts/{name}")
-    @route("contexts.delete")
-    async def delete_context(request: Request, name: str) -> Response:
-        require_contextual()
-        await asyncio.to_thread(store.delete, name)
+    async def delete_context(self, request: Request, name: str) -> Response:
+        self.require_contextual()
+        await asyncio.to_thread(self.store.delete, name)
         return _json(200, {"object": "context", "name": name, "deleted": True})
 
-    def model_card() -> dict:
+    # ------------------------------------------------------------------ /v1/models, /health, /metrics
+    def model_card(self) -> dict:
+        engine = self.engine
         card = {
             "id": engine.served_name,
             "object": "model",
@@ -260,27 +233,64 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
             card["context_size"] = engine.context_size
         return card
 
-    @app.get("/v1/models")
-    @route("models")
-    async def list_models(request: Request) -> Response:
-        return _json(200, {"object": "list", "data": [model_card()]})
+    async def list_models(self, request: Request) -> Response:
+        return _json(200, {"object": "list", "data": [self.model_card()]})
 
-    @app.get("/v1/models/{model_id:path}")
-    @route("models.get")
-    async def get_model(request: Request, model_id: str) -> Response:
-        if model_id != engine.served_name:
+    async def get_model(self, request: Request, model_id: str) -> Response:
+        if model_id != self.engine.served_name:
             raise ApiError(404, f"The model {model_id!r} does not exist.", param="model", code="model_not_found")
-        return _json(200, model_card())
+        return _json(200, self.model_card())
 
-    @app.get("/health")
-    @route("health", authenticated=False)
-    async def health(request: Request) -> Response:
-        return _json(200, {"status": "ok", "model": engine.served_name})
+    async def health(self, request: Request) -> Response:
+        return _json(200, {"status": "ok", "model": self.engine.served_name})
 
-    @app.get("/metrics")
-    @route("metrics")
-    async def prometheus(request: Request) -> Response:
-        return Response(metrics.render(), media_type=metrics.content_type)
+    async def prometheus(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+
+def _embedding_rows(vectors, dimensions: int | None, normalizes: bool, encoding_format: str) -> list:
+    """(n, d) float32 embeddings -> the response's rows: truncated to ``dimensions`` (Matryoshka; renormalised
+    when the model normalises, as a prefix of a unit vector is not unit length), as float lists or base64."""
+    if dimensions is not None and dimensions < vectors.shape[1]:
+        vectors = vectors[:, :dimensions]
+        if normalizes:
+            norms = (vectors.astype("float64") ** 2).sum(axis=1, keepdims=True) ** 0.5
+            vectors = (vectors / norms.clip(min=1e-12)).astype("float32")
+    if encoding_format == "base64":
+        return [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
+    return vectors.tolist()
+
+
+def create_app(engine: Engine, store: ContextStore, settings: Settings | None = None) -> FastAPI:
+    """The server's ASGI app for one model (``engine``) and its contexts (``store``)."""
+    service = _Service(engine, store, settings or Settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.batcher.start()
+        try:
+            yield
+        finally:
+            await service.batcher.stop()
+            engine.close()
+
+    # The interactive docs would describe raw-body routes as schemaless; the request shapes are in docs/serving.md.
+    app = FastAPI(title="cde-st-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine, app.state.store = engine, store
+    app.state.batcher, app.state.metrics = service.batcher, service.metrics
+    routes = [
+        ("POST", "/v1/embeddings", "embeddings", service.embeddings),
+        ("POST", "/v1/contexts", "contexts.create", service.create_context),
+        ("GET", "/v1/contexts", "contexts.list", service.list_contexts),
+        ("GET", "/v1/contexts/{name}", "contexts.get", service.get_context),
+        ("DELETE", "/v1/contexts/{name}", "contexts.delete", service.delete_context),
+        ("GET", "/v1/models", "models", service.list_models),
+        ("GET", "/v1/models/{model_id:path}", "models.get", service.get_model),
+        ("GET", "/metrics", "metrics", service.prometheus),
+    ]
+    for method, path, endpoint, handler in routes:
+        app.add_api_route(path, service.route(endpoint, handler), methods=[method])
+    app.add_api_route("/health", service.route("health", service.health, authenticated=False), methods=["GET"])
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
