@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from cde_st.batching.clustering import _faiss_use_gpu, cluster_pairs
+from cde_st.batching.clustering import cluster_pairs, faiss_use_gpu
 from cde_st.modules.encoders import resolve_attn_implementation
 
 
@@ -53,7 +53,7 @@ def kmeans_calls(monkeypatch):
 
 
 def test_cpu_build_clusters_on_cpu_by_default(cpu_faiss, kmeans_calls):
-    assert _faiss_use_gpu(None) is False
+    assert faiss_use_gpu(None) is False
     clustering = cluster_pairs(*_pairs(), cluster_size=20, seed=0)
     assert kmeans_calls == [False]
     assert clustering.num_clusters == 3
@@ -61,7 +61,7 @@ def test_cpu_build_clusters_on_cpu_by_default(cpu_faiss, kmeans_calls):
 
 def test_gpu_build_with_a_device_is_used_automatically(gpu_faiss, kmeans_calls):
     gpu_faiss(1)
-    assert _faiss_use_gpu(None) is True
+    assert faiss_use_gpu(None) is True
     cluster_pairs(*_pairs(), cluster_size=20, seed=0)  # use_gpu=None: the default of the sampler too
     cluster_pairs(*_pairs(), cluster_size=20, seed=0, use_gpu=False)
     assert kmeans_calls == [True, False]

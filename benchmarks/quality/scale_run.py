@@ -106,7 +106,7 @@ def smoke_inputs(work: Path) -> tuple[Path, str]:
     """The tiny encoder, the built-in tiny pairs (as a jsonl folder) and four generated BEIR folders."""
     import gzip
 
-    from cde_st.training.data import tiny_pairs
+    from cde_st.training.pairs import tiny_pairs
     from cde_st.training.tiny import build_tiny_encoder
 
     encoder = build_tiny_encoder(work / "tiny", num_layers=6)  # the preset reads the context in layers 3-5
@@ -402,7 +402,7 @@ def main() -> None:
         report["corpora"] = list(corpora)
         report["stages_s"]["inputs"] = round(time.monotonic() - started, 1)
         log(f"inputs ready: pairs {pairs}, base {base}")
-        from cde_st.training.data import load_pairs
+        from cde_st.training.pairs import load_pairs
 
         probe = make_config(args, "contextual", base, pairs, work / "probe", -1, 0)
         train_pairs = load_pairs(probe)  # the same for both models (same data fields)

@@ -22,7 +22,7 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from cde_st import ContextualSentenceTransformer  # noqa: E402
-from cde_st._defaults import default_surrogate_model_path  # noqa: E402
+from cde_st.defaults import default_surrogate_model_path  # noqa: E402
 
 # benchmarks/speed/ -> the repository -> the shared data folder beside it (../shared)
 SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "retrieval" / "scifact"

@@ -61,7 +61,7 @@ def _tokenizer(folder: str):
     """all-MiniLM-L6-v2's tokenizer, or (not installed, offline) a BERT WordPiece vocabulary of the same size."""
     from transformers import AutoTokenizer, BertTokenizer
 
-    from cde_st._defaults import default_surrogate_model_path
+    from cde_st.defaults import default_surrogate_model_path
 
     try:
         return AutoTokenizer.from_pretrained(default_surrogate_model_path())
@@ -314,12 +314,12 @@ def _skip_reasons(args: argparse.Namespace, device: str) -> tuple[list[dict], li
 
 def _faiss_gpu_missing(device: str) -> str | None:
     """Why faiss cannot run on the GPU here (the clustering code's own check), or None."""
-    from cde_st.batching.clustering import _faiss_use_gpu
+    from cde_st.batching.clustering import faiss_use_gpu
 
     if device != "cuda":
         return f"the device is {device}"
     try:
-        _faiss_use_gpu(True)
+        faiss_use_gpu(True)
     except ValueError as exc:
         return str(exc)
     return None

@@ -107,7 +107,7 @@ def _small_bert(folder: str) -> str:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from cde_st._defaults import default_surrogate_model_path
+    from cde_st.defaults import default_surrogate_model_path
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(default_surrogate_model_path())
@@ -148,7 +148,7 @@ def main() -> None:
     if not PAIRS.is_dir():
         sys.exit(f"shared data not found at {PAIRS}")
 
-    from cde_st._defaults import default_surrogate_model_path
+    from cde_st.defaults import default_surrogate_model_path
 
     env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), MALLOC_MMAP_THRESHOLD_="131072", HF_HUB_OFFLINE="1")
     env["TOKENIZERS_PARALLELISM"] = "false"

@@ -130,7 +130,7 @@ def perturbed_pairs(
 
 def static_benchmark(args: argparse.Namespace, header: list[str]) -> list[str]:
     """Sections 4 and 5 (the static surrogate); returns their markdown lines."""
-    from cde_st._defaults import load_default_surrogate
+    from cde_st.defaults import load_default_surrogate
 
     queries, documents, domains = load_pairs(args.pairs)
     n = len(queries)
@@ -379,7 +379,7 @@ def main() -> None:
         cached = np.load(args.embeddings_cache)
         q_emb, d_emb, embed_s, embed_note = cached["q"], cached["d"], float(cached["embed_s"]), " (cached run)"
     else:
-        from cde_st._defaults import load_default_surrogate
+        from cde_st.defaults import load_default_surrogate
 
         surrogate = load_default_surrogate(device="cpu")
         start = time.perf_counter()

@@ -53,7 +53,7 @@ def _hash_array(hasher: Any, array: np.ndarray) -> None:
     hasher.update(memoryview(array).cast("B"))
 
 
-def _model_fingerprint(model: SentenceTransformer | str) -> str:
+def model_fingerprint(model: SentenceTransformer | str) -> str:
     """Identify a surrogate: a path/hub id with its weight files' sizes and mtimes, or a model's parameters."""
     hasher = hashlib.sha256()
     if isinstance(model, (str, os.PathLike)):
@@ -75,7 +75,7 @@ def _model_fingerprint(model: SentenceTransformer | str) -> str:
     return hasher.hexdigest()
 
 
-def _clustering_key(
+def clustering_key(
     num_rows: int,
     settings: dict[str, Any],
     domain_codes: np.ndarray,
@@ -111,7 +111,7 @@ def _clustering_key(
     return hasher.hexdigest()[:32]
 
 
-def _save_clustering(path: Path, clustering: PairClustering, meta: dict[str, Any]) -> None:
+def save_clustering(path: Path, clustering: PairClustering, meta: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp.npz")
     os.close(fd)
@@ -130,7 +130,7 @@ def _save_clustering(path: Path, clustering: PairClustering, meta: dict[str, Any
             os.remove(tmp)
 
 
-def _load_clustering(path: Path, num_rows: int, domain_names: list[Hashable]) -> PairClustering | None:
+def load_clustering(path: Path, num_rows: int, domain_names: list[Hashable]) -> PairClustering | None:
     try:
         with np.load(path, allow_pickle=False) as data:
             clustering = PairClustering(

@@ -42,7 +42,7 @@ class PairClustering:
         return np.bincount(self.labels, minlength=self.num_clusters)
 
 
-def _normalize_rows(x: np.ndarray) -> np.ndarray:
+def normalize_rows(x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.maximum(norms, 1e-12)
@@ -69,7 +69,7 @@ def _check_pair_embeddings(q_emb: np.ndarray, d_emb: np.ndarray) -> tuple[np.nda
                 " so they cannot be clustered. The surrogate model (`surrogate`, or the given embeddings) produced "
                 "them: check that it loads and encodes finite vectors (e.g. not in float16 overflow)."
             )
-    return _normalize_rows(q_emb), _normalize_rows(d_emb)
+    return normalize_rows(q_emb), normalize_rows(d_emb)
 
 
 def _pair_points(q: np.ndarray, d: np.ndarray, rows: np.ndarray, flipped: np.ndarray | None = None) -> np.ndarray:
@@ -82,7 +82,7 @@ def _pair_points(q: np.ndarray, d: np.ndarray, rows: np.ndarray, flipped: np.nda
     return np.concatenate([first, second], axis=1) * np.float32(1.0 / math.sqrt(2.0))
 
 
-def _faiss_use_gpu(use_gpu: bool | None) -> bool:
+def faiss_use_gpu(use_gpu: bool | None) -> bool:
     """Whether k-means runs on the GPU. ``None``: when faiss is a GPU build and sees a device, else the CPU.
     ``True`` without one is an error naming what is missing (the GPU build, or a device it can see)."""
     import faiss  # deferred (here and below): faiss loads its native libraries, which `import cde_st` need not pay
@@ -116,7 +116,7 @@ def _spherical_kmeans(
     use_gpu: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Cluster the 2N points [q;d], [d;q] of one domain; return (labels by [q;d], centroids)."""
-    import faiss  # deferred: see _faiss_use_gpu
+    import faiss  # deferred: see faiss_use_gpu
 
     n, dim = q.shape
     rng = np.random.default_rng(seed)
@@ -156,7 +156,7 @@ def _spherical_kmeans(
     return labels, centroids
 
 
-def _encode_domains(domains: Sequence[Hashable] | None, n: int) -> tuple[np.ndarray, list[Hashable]]:
+def encode_domains(domains: Sequence[Hashable] | None, n: int) -> tuple[np.ndarray, list[Hashable]]:
     """Map domain values to codes 0..M-1 in order of first appearance."""
     if domains is None:
         return np.zeros(n, dtype=np.int64), [None]
@@ -221,8 +221,8 @@ def cluster_pairs(
         raise ValueError(f"cluster_size must be between 1 and the number of pairs ({n}), got {cluster_size}.")
     if niter < 1:
         raise ValueError(f"niter must be >= 1, got {niter}.")
-    codes, names = _encode_domains(domains, n)
-    gpu = _faiss_use_gpu(use_gpu)
+    codes, names = encode_domains(domains, n)
+    gpu = faiss_use_gpu(use_gpu)
 
     labels = np.empty(n, dtype=np.int64)
     centroids: list[np.ndarray] = []

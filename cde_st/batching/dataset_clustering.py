@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 from sentence_transformers import SentenceTransformer
 
-from cde_st._defaults import default_surrogate_model_path
-from cde_st.batching.cache import _clustering_key, _load_clustering, _model_fingerprint, _save_clustering
-from cde_st.batching.clustering import PairClustering, _encode_domains, cluster_pairs
+from cde_st.batching.cache import clustering_key, load_clustering, model_fingerprint, save_clustering
+from cde_st.batching.clustering import PairClustering, cluster_pairs, encode_domains
 from cde_st.batching.static_surrogate import StaticSurrogate
 from cde_st.batching.surrogate import (
     SurrogateKind,
-    _import_model2vec,
     embed_pairs,
     fit_static_surrogate,
+    import_model2vec,
     load_transformer_surrogate,
 )
+from cde_st.defaults import default_surrogate_model_path
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -66,9 +66,9 @@ def surrogate_cache_key(
     clusterings cached before the static surrogate existed still load)."""
     if isinstance(surrogate, StaticSurrogate):
         return surrogate.fingerprint()
-    key = _model_fingerprint(surrogate)
+    key = model_fingerprint(surrogate)
     if surrogate_kind == "static":
-        version = _import_model2vec().__version__
+        version = import_model2vec().__version__
         key += f"|static:v{_STATIC_VERSION}:fit{static_fit_pairs}:d{static_dims}:model2vec{version}"
     return key
 
@@ -103,7 +103,7 @@ def cluster_dataset(
     neither reads nor writes a cache.
     """
     num_rows = len(dataset)
-    codes, names = _encode_domains(domains, num_rows)
+    codes, names = encode_domains(domains, num_rows)
     settings = dict(
         cluster_size=cluster_size,
         seed=seed,
@@ -115,13 +115,13 @@ def cluster_dataset(
 
     queries = documents = None
     if embeddings is not None:
-        key = _clustering_key(num_rows, settings, codes, names, embeddings=embeddings)
+        key = clustering_key(num_rows, settings, codes, names, embeddings=embeddings)
     else:
         if surrogate is None:
             surrogate = default_surrogate_model_path()
         queries = ["" if t is None else t for t in dataset[query_column]]
         documents = ["" if t is None else t for t in dataset[document_column]]
-        key = _clustering_key(
+        key = clustering_key(
             num_rows,
             settings,
             codes,
@@ -134,7 +134,7 @@ def cluster_dataset(
     cache_path = cache_dir / f"clusters-{key}.npz" if cache_dir is not None else None
 
     if cache_path is not None and cache_path.exists():
-        clustering = _load_clustering(cache_path, num_rows, names)
+        clustering = load_clustering(cache_path, num_rows, names)
         if clustering is not None:
             logger.info("Loaded the pair clustering from %s", cache_path)
             return DatasetClustering(clustering, cache_path)
@@ -181,7 +181,7 @@ def cluster_dataset(
         meta = {k: v for k, v in settings.items() if k != "show_progress_bar"}
         meta.update(rows=num_rows, query_column=query_column, document_column=document_column)
         try:
-            _save_clustering(cache_path, clustering, meta)
+            save_clustering(cache_path, clustering, meta)
         except OSError as exc:
             logger.warning("Could not write the clustering cache %s (%s)", cache_path, exc)
     return DatasetClustering(clustering, cache_path, timings)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cde_st.batching.clustering import _normalize_rows
+from cde_st.batching.clustering import normalize_rows
 
 
 def in_batch_negative_similarity(batches: Sequence[Sequence[int]], q_emb: np.ndarray, d_emb: np.ndarray) -> float:
@@ -19,7 +19,7 @@ def in_batch_negative_similarity(batches: Sequence[Sequence[int]], q_emb: np.nda
         q_emb: (N, D) query embeddings (any scale; normalised here).
         d_emb: (N, D) document embeddings.
     """
-    q, d = _normalize_rows(q_emb), _normalize_rows(d_emb)
+    q, d = normalize_rows(q_emb), normalize_rows(d_emb)
     total, count = 0.0, 0
     for batch in batches:
         rows = np.asarray(batch, dtype=np.int64)

@@ -24,7 +24,7 @@ from cde_st.batching.clustering import PairClustering
 from cde_st.batching.dataset_clustering import cluster_dataset
 from cde_st.batching.packing import ClusterOrder, pack_clusters
 from cde_st.batching.static_surrogate import StaticSurrogate
-from cde_st.batching.surrogate import SURROGATE_KINDS, SurrogateKind, _import_model2vec
+from cde_st.batching.surrogate import SURROGATE_KINDS, SurrogateKind, import_model2vec
 from cde_st.distributed import world
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             the dataset size.
         surrogate: the model that embeds the pairs for the clustering (not the model being trained): a
             ``SentenceTransformer`` or a path / hub id; ``None`` is the offline all-MiniLM-L6-v2
-            (``cde_st._defaults``). Loaded only when the clustering is not cached. A
+            (``cde_st.defaults``). Loaded only when the clustering is not cached. A
             :class:`~cde_st.batching.StaticSurrogate` is used as is (a static surrogate).
         surrogate_kind: ``"transformer"`` embeds every pair with ``surrogate``. ``"static"`` (for large datasets on
             a CPU; ``pip install 'cde_st[fast-surrogate]'``) embeds them with a static-embedding model distilled
@@ -134,7 +134,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             )
             from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-            from cde_st._defaults import default_surrogate_model_path
+            from cde_st.defaults import default_surrogate_model_path
             from cde_st.batching import ClusteredBatchSampler
 
             model = SentenceTransformer(default_surrogate_model_path())
@@ -267,7 +267,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
                     "surrogate_kind='static' distils the surrogate from a model folder or hub id: pass its path as "
                     f"surrogate= (or a StaticSurrogate), not a loaded {type(surrogate).__name__}."
                 )
-            _import_model2vec()  # fail now, with what to install, rather than after reading the dataset
+            import_model2vec()  # fail now, with what to install, rather than after reading the dataset
         if embeddings is not None:
             q_emb, d_emb = embeddings = tuple(np.asarray(e) for e in embeddings)
             if q_emb.ndim != 2 or q_emb.shape != d_emb.shape or len(q_emb) != num_rows:

@@ -26,10 +26,10 @@ from typing import Any, Literal
 import numpy as np
 from sentence_transformers import SentenceTransformer
 
-from cde_st._defaults import default_surrogate_model_path
-from cde_st._files import write_folder_atomically
-from cde_st.batching.cache import _model_fingerprint, default_surrogate_cache_dir
+from cde_st.batching.cache import default_surrogate_cache_dir, model_fingerprint
 from cde_st.batching.static_surrogate import StaticSurrogate
+from cde_st.defaults import default_surrogate_model_path
+from cde_st.folders import write_folder_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ _PCA_SAMPLE_PAIRS = 16_384
 _INSTALL_HINT = "pip install 'cde_st[fast-surrogate]'  (model2vec and skeletoken, its distillation dependency)"
 
 
-def _import_model2vec(for_distillation: bool = False) -> Any:
+def import_model2vec(for_distillation: bool = False) -> Any:
     """The model2vec module, or an ImportError that says what to install."""
     try:
         import model2vec
@@ -113,7 +113,7 @@ def distill_static_surrogate(
 
     Args:
         model: a sentence-transformers / Hugging Face model folder or hub id; ``None`` is the offline
-            all-MiniLM-L6-v2 (``cde_st._defaults``).
+            all-MiniLM-L6-v2 (``cde_st.defaults``).
         dims: PCA dimensions of the token table (at most the model's hidden size).
         cache_dir: where distilled models are kept.
         device: where the distillation forward passes run (model2vec picks one when ``None``).
@@ -130,9 +130,9 @@ def distill_static_surrogate(
         )
     if not isinstance(dims, int) or isinstance(dims, bool) or dims < 1:
         raise ValueError(f"dims must be a positive integer, got {dims!r}.")
-    model2vec = _import_model2vec(for_distillation=True)
+    model2vec = import_model2vec(for_distillation=True)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_surrogate_cache_dir()
-    key = _model_fingerprint(os.fspath(model))[:24]
+    key = model_fingerprint(os.fspath(model))[:24]
     folder = cache_dir / f"static-{key}-d{dims}-m2v{model2vec.__version__}"
     if (folder / "config.json").exists():
         return folder
@@ -159,7 +159,7 @@ def load_static_surrogate(
 ) -> StaticSurrogate:
     """The :class:`StaticSurrogate` distilled from ``model`` (see :func:`distill_static_surrogate`; distilled on
     the first call, loaded from the cache afterwards)."""
-    model2vec = _import_model2vec()
+    model2vec = import_model2vec()
     folder = distill_static_surrogate(model, dims=dims, cache_dir=cache_dir, device=device)
     source = None if model is None else os.fspath(model)
     try:

@@ -17,7 +17,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.util import batch_to_device, cos_sim
 from torch import Tensor
 
-from cde_st._defaults import load_default_surrogate
+from cde_st.defaults import load_default_surrogate
 
 # Guide scores of identical texts can differ in the last float bit; "as relevant as the positive" must catch them.
 _SCORE_TOLERANCE = 1e-6

@@ -73,7 +73,7 @@ class FilteredInfoNCELoss(TwoStageCachedLossMixin, nn.Module):
     Args:
         model: a ``SentenceTransformer`` or ``ContextualSentenceTransformer``.
         guide: the frozen guide scoring false negatives: a ``SentenceTransformer``, None for the default
-            (the offline all-MiniLM-L6-v2, via ``cde_st._defaults.load_default_surrogate``), or False for no
+            (the offline all-MiniLM-L6-v2, via ``cde_st.defaults.load_default_surrogate``), or False for no
             filtering. The guide is put in eval mode, frozen, and kept out of the loss's submodules, so it
             never reaches an optimizer. It reads the texts decoded from the model's tokens (prompt removed).
         temperature: tau; logits are cos / tau (paper: 0.02, i.e. scale 50).

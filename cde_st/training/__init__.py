@@ -5,7 +5,7 @@ uses them:
 
 - :mod:`~cde_st.training.config`: :class:`TrainConfig` (every knob), config files, ``--set`` values and the presets
   (``presets/NAME.yaml``: commented files to read and copy); :mod:`~cde_st.training.coercion` converts values;
-- :mod:`~cde_st.training.data`: the training pairs (``train_data``: jsonl files/folders, BEIR, hub, built-in);
+- :mod:`~cde_st.training.pairs`: the training pairs (``train_data``: jsonl files/folders, BEIR, hub, built-in);
 - :mod:`~cde_st.training.tiny`: the tiny offline encoder of ``--preset tiny`` and the tests;
 - :mod:`~cde_st.training.output_dir`: output folder, resume and overwrite rules;
 - :mod:`~cde_st.training.run`: model, loss, optimizer, sampler and evaluator, and :func:`train`.
@@ -23,13 +23,6 @@ from cde_st.training.config import (
     config_yaml,
     default_output_dir,
 )
-from cde_st.training.data import (
-    TRAIN_DATA_HELP,
-    NoTrainingDataError,
-    TrainingDataError,
-    load_pairs,
-    tiny_pairs,
-)
 from cde_st.training.output_dir import (
     LOCK_FILE,
     MANIFEST_FILE,
@@ -43,6 +36,13 @@ from cde_st.training.output_dir import (
     prepare_output_dir,
     record_outputs,
     run_lock,
+)
+from cde_st.training.pairs import (
+    TRAIN_DATA_HELP,
+    NoTrainingDataError,
+    TrainingDataError,
+    load_pairs,
+    tiny_pairs,
 )
 from cde_st.training.run import (
     MainProcessSavingTrainer,

@@ -29,14 +29,13 @@ from sentence_transformers.sentence_transformer.modules import Pooling
 from sentence_transformers.util import fullname
 from transformers import TrainerCallback
 
-from cde_st._defaults import default_surrogate_model_path, load_default_surrogate
 from cde_st.batching import ClusteredBatchSampler
+from cde_st.defaults import default_surrogate_model_path, load_default_surrogate
 from cde_st.evaluation.evaluators import ContextualRetrievalEvaluator, with_corpus_context
 from cde_st.losses import FilteredInfoNCELoss
 from cde_st.model import ContextualSentenceTransformer, contextual_module, is_contextual
 from cde_st.prompts import DOCUMENT_PROMPT, QUERY_PROMPT
 from cde_st.training.config import TrainConfig
-from cde_st.training.data import TRAIN_DATA_HELP, NoTrainingDataError, load_pairs, pairs_for_max_steps
 from cde_st.training.output_dir import (
     CheckpointError,
     checkpoints,
@@ -45,6 +44,7 @@ from cde_st.training.output_dir import (
     refuse_to_resume_a_finished_run,
     run_lock,
 )
+from cde_st.training.pairs import TRAIN_DATA_HELP, NoTrainingDataError, load_pairs, pairs_for_max_steps
 from cde_st.training.tiny import build_tiny_encoder
 
 logger = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ import string
 import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
-from cde_st._files import write_folder_atomically
+from cde_st.folders import write_folder_atomically
 from cde_st.prompts import CLASSIFICATION_PROMPT, CLUSTERING_PROMPT, DOCUMENT_PROMPT, QUERY_PROMPT
-from cde_st.training.data import tiny_pairs
+from cde_st.training.pairs import tiny_pairs
 
 
 def tiny_vocab() -> list[str]:

@@ -8,7 +8,7 @@ import numpy as np
 from batching_helpers import pair_dataset, rows_of, structured_embeddings
 
 from cde_st.batching import ClusteredBatchSampler, cluster_pairs
-from cde_st.batching.cache import _save_clustering
+from cde_st.batching.cache import save_clustering
 
 
 def test_cache_dir_env_var(tmp_path, monkeypatch):
@@ -42,7 +42,7 @@ def test_cache_keys_are_those_of_the_code_before_the_split(tmp_path, monkeypatch
     weights.write_bytes(b"x" * 10)
     os.utime(weights, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
     old_key = tmp_path / "clusters" / "clusters-e96b954f105916f42a8760cd43728c21.npz"
-    _save_clustering(old_key, cluster_pairs(q, d, cluster_size=8, seed=2), meta={})
+    save_clustering(old_key, cluster_pairs(q, d, cluster_size=8, seed=2), meta={})
     by_path = ClusteredBatchSampler(ds, 8, False, surrogate="surrogate", max_seq_length=16, seed=2, **kwargs)
     assert by_path.cache_path == old_key and by_path.timings == {"embed_s": 0.0, "cluster_s": 0.0}
     assert rows_of(by_path) == list(range(40))
@@ -51,12 +51,12 @@ def test_cache_keys_are_those_of_the_code_before_the_split(tmp_path, monkeypatch
 def test_a_contextual_surrogate_is_keyed_by_its_context(make_tiny_cde):
     """A contextual model given as the surrogate embeds the pairs with its context: two contexts are two cache
     keys (its context is no weight, so a key of the weights alone would reuse the other context's clustering)."""
-    from cde_st.batching.cache import _model_fingerprint
+    from cde_st.batching.cache import model_fingerprint
 
     model = make_tiny_cde(context_size=4)
     model.set_context(["rain falls", "stocks fell", "cats sleep", "tea leaves"], seed=0)
-    first = _model_fingerprint(model)
+    first = model_fingerprint(model)
     model.set_context(["mars is red", "ice melts", "birds sing", "rivers run"], seed=0)
-    assert _model_fingerprint(model) != first
+    assert model_fingerprint(model) != first
     model.set_context(["rain falls", "stocks fell", "cats sleep", "tea leaves"], seed=0)
-    assert _model_fingerprint(model) == first
+    assert model_fingerprint(model) == first

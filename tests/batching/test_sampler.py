@@ -430,7 +430,7 @@ def load_pairs(shared_data: Path, per_domain: int, seed: int = 0) -> Dataset:
 
 @pytest.mark.slow
 def test_real_pairs_clustered_batches_are_harder_than_random(shared_data, minilm, tmp_path):
-    from cde_st._defaults import load_default_surrogate
+    from cde_st.defaults import load_default_surrogate
 
     pairs = load_pairs(shared_data, per_domain=48)  # 384 pairs from the 8 domains; short texts keep it fast
     q, d = embed_pairs(load_default_surrogate(), pairs["query"], pairs["document"], max_seq_length=32)

@@ -28,6 +28,6 @@ def tiny_guide(tiny_bert_dir):
 
 @pytest.fixture(scope="module")
 def minilm_guide(minilm):
-    from cde_st._defaults import load_default_surrogate
+    from cde_st.defaults import load_default_surrogate
 
     return load_default_surrogate()

@@ -175,7 +175,7 @@ def test_a_loss_that_is_zero_at_every_step_is_reported(tmp_path, caplog):
 def test_pairs_that_are_mostly_repeats_are_reported(tmp_path, caplog):
     from datasets import Dataset
 
-    from cde_st.training.data import check_pairs_can_teach
+    from cde_st.training.pairs import check_pairs_can_teach
 
     rows = [{"query": f"q {i % 3}", "document": f"d {i % 3}", "domain": "x"} for i in range(12)]
     with caplog.at_level("WARNING"):

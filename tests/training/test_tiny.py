@@ -33,13 +33,13 @@ def test_tiny_encoder_is_deterministic_per_seed(tmp_path):
 @pytest.mark.slow
 def test_tiny_preset_trains_without_minilm(tmp_path, monkeypatch):
     """`--preset tiny` after a plain `pip install` (no offline MiniLM extra, no hub): nothing asks for MiniLM."""
-    import cde_st._defaults
+    import cde_st.defaults
     import cde_st.training.run
 
     def no_minilm(*args, **kwargs):
         raise AssertionError("the tiny preset asked for all-MiniLM-L6-v2")
 
-    for module in (cde_st._defaults, cde_st.training.run):
+    for module in (cde_st.defaults, cde_st.training.run):
         monkeypatch.setattr(module, "default_surrogate_model_path", no_minilm)
         monkeypatch.setattr(module, "load_default_surrogate", no_minilm)
     train(TrainConfig.from_preset("tiny", output_dir=str(tmp_path / "run"), max_steps=2))
@@ -93,7 +93,7 @@ def test_the_sample_of_a_max_steps_run_holds_full_batches_for_every_step():
     from datasets import Dataset
 
     from cde_st.batching import ClusteredBatchSampler
-    from cde_st.training.data import pairs_for_max_steps
+    from cde_st.training.pairs import pairs_for_max_steps
 
     # 8 domains of unequal sizes, as the shared pairs: the worst case leaves batch_size - 1 pairs short per domain.
     sizes = [300, 200, 120, 90, 60, 40, 25, 11]

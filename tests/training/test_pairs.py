@@ -1,4 +1,4 @@
-"""cde_st.training.data: training pairs from jsonl files and folders and BEIR folders; malformed rows name file and
+"""cde_st.training.pairs: training pairs from jsonl files and folders and BEIR folders; malformed rows name file and
 line (``FILE:LINE: ...``, the data layer's format)."""
 
 from __future__ import annotations
