@@ -38,10 +38,25 @@ def validate_texts(texts: Sequence[str], what: str = "context corpus") -> list[s
     return texts
 
 
-def check_seed(seed) -> int:
-    """``seed`` as a non-negative int (numpy's ``default_rng`` takes no other), or a ValueError naming it."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer (it seeds the context sample), got {seed!r}.")
+# The one seed rule of the package (context samples, the clustered sampler, the eval kit, the training config): an
+# integer in [0, 2**32), the range numpy, torch and faiss all accept (their seeds are unsigned 32-bit).
+SEED_RULE = "must be an integer in [0, 2**32)"
+
+
+def is_seed(value: Any) -> bool:
+    """Whether ``value`` is a valid seed: an integer (not a bool) in [0, 2**32)."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and 0 <= value < 2**32
+
+
+def check_seed(seed: Any, name: str = "seed") -> int:
+    """``seed`` as an int if it is a valid seed (:func:`is_seed`), else a ValueError naming ``name``.
+
+    Example:
+        >>> check_seed(7)
+        7
+    """
+    if not is_seed(seed):
+        raise ValueError(f"{name} {SEED_RULE}, got {seed!r}.")
     return int(seed)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cde_st.context import context_documents, sample_context, sample_indices
+from cde_st.context import check_seed, context_documents, is_seed, sample_context, sample_indices
 
 
 def _sample_before_the_rule(texts, size, seed, keep_order=False):
@@ -81,3 +81,14 @@ def test_set_context_counts_duplicates_once(make_tiny_cde):
     repeated = model.contextual_module.context_vectors.clone()
     model.set_context(texts, seed=1)
     assert (repeated == model.contextual_module.context_vectors).all()
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32, 1.0, True, "3", None])
+def test_one_seed_rule_refuses_what_numpy_torch_or_faiss_would_misread_naming_the_argument(bad):
+    with pytest.raises(ValueError, match=r"context_seed must be an integer in \[0, 2\*\*32\), got"):
+        check_seed(bad, "context_seed")
+    assert not is_seed(bad)
+
+
+def test_one_seed_rule_accepts_numpy_integers_and_the_bounds():
+    assert [check_seed(s) for s in (0, np.int64(5), 2**32 - 1)] == [0, 5, 2**32 - 1]

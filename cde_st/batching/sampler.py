@@ -25,6 +25,7 @@ from cde_st.batching.dataset_clustering import cluster_dataset
 from cde_st.batching.packing import ClusterOrder, pack_clusters
 from cde_st.batching.static_surrogate import StaticSurrogate
 from cde_st.batching.surrogate import SURROGATE_KINDS, SurrogateKind, import_model2vec
+from cde_st.context import check_seed
 from cde_st.distributed import world
 
 if TYPE_CHECKING:
@@ -215,9 +216,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             seed=seed,
         )
         self.dataset = dataset
-        self.seed = 0 if seed is None else int(seed)
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}.")
+        self.seed = check_seed(0 if seed is None else seed)
         if order not in ("greedy", "random"):
             raise ValueError(f"order must be 'greedy' or 'random', got {order!r}.")
         self.order = order

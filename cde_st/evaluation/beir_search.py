@@ -34,7 +34,7 @@ except ImportError as err:  # beir is an optional extra
         "cde_st.evaluation.beir_search needs the beir package: pip install 'cde_st[beir]' (or pip install beir)."
     ) from err
 
-from cde_st.context import sample_context
+from cde_st.context import check_seed, sample_context
 from cde_st.data import document_text
 from cde_st.evaluation.model_context import clear_model_context, context_sizes, is_contextual_model, set_model_context
 from cde_st.evaluation.pools import unique_texts
@@ -112,8 +112,7 @@ class ContextualExactSearch(DenseRetrievalExactSearch):
                 f"ContextualExactSearch takes a sentence-transformers model, got {type(model).__name__}; pass the "
                 "SentenceTransformer itself (not a beir models.SentenceBERT wrapper)."
             )
-        if isinstance(context_seed, bool) or not isinstance(context_seed, int) or not 0 <= context_seed < 2**32:
-            raise ValueError(f"context_seed must be an integer in [0, 2**32), got {context_seed!r}.")
+        check_seed(context_seed, "context_seed")
         self.contextual = is_contextual_model(model)
         self.context_size = context_sizes(model, self.contextual, "corpus", context_size)[0]
         self.context_seed = context_seed

@@ -20,7 +20,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from cde_st.context import sample_context
+from cde_st.context import check_seed, sample_context
 from cde_st.data import document_text, read_jsonl
 from cde_st.evaluation.model_context import context_sizes, is_contextual_model
 from cde_st.evaluation.models import build_model_meta, default_model_name, load_model, parameter_fingerprint
@@ -240,8 +240,7 @@ def evaluate_model(
 
     if context not in CONTEXT_MODES:
         raise ValueError(f"Unknown context mode {context!r}; choose one of {CONTEXT_MODES}.")
-    if isinstance(context_seed, bool) or not isinstance(context_seed, int) or not 0 <= context_seed < 2**32:
-        raise ValueError(f"context_seed (--context-seed) must be an integer in [0, 2**32), got {context_seed!r}.")
+    check_seed(context_seed, "context_seed (--context-seed)")
     resolved = [resolve_task(t, data_dir, eval_splits, identical_ids) for t in tasks]  # before the model: fail fast
     names = [t.metadata.name for t in resolved]
     if len(set(names)) != len(names):

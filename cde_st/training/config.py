@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from cde_st.context import SEED_RULE, is_seed
 from cde_st.modules.contextual_config import ContextualConfig
 from cde_st.training.coercion import ConfigValueError, coerce, load_config_text
 
@@ -46,7 +47,7 @@ def _positive_or_none(value: Any) -> bool:
 # What each numeric field accepts beyond its type (a value outside would be silently misread or break late):
 # field -> (accepts(value), what it must be).
 _RANGES: dict[str, tuple[Any, str]] = {
-    "seed": (lambda v: 0 <= v < 2**32, "must be in [0, 2**32 - 1] (numpy, torch and faiss seeds are unsigned)"),
+    "seed": (is_seed, f"{SEED_RULE} (numpy, torch and faiss seeds are unsigned)"),
     "context_size": (lambda v: v >= 0, "must be >= 0 (0: no context slots)"),
     "max_seq_length": (lambda v: v >= 1, "must be >= 1"),
     "max_pairs": (_positive_or_none, "must be >= 1, or null for all pairs"),

@@ -104,7 +104,7 @@ def test_presets_and_direct_construction_are_checked_too(monkeypatch):
 @pytest.mark.parametrize(
     "values, expected",
     [
-        (dict(seed=-1), r"'seed' = -1: must be in \[0, 2\*\*32 - 1\]"),
+        (dict(seed=-1), r"'seed' = -1: must be an integer in \[0, 2\*\*32\)"),
         (dict(cluster_size=0), r"'cluster_size' = 0: must be >= 1, or null for the batch size"),
         (dict(eval_steps=0), r"'eval_steps' = 0: must be >= 1, or null to evaluate only at the end"),
         (dict(max_pairs=0), r"'max_pairs' = 0: must be >= 1, or null for all pairs"),
