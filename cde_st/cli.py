@@ -377,7 +377,7 @@ def eval_run(argv: list[str] | None = None) -> int:
     _quiet_dependencies()
 
     # Deferred: the evaluation kit imports mteb (seconds), which the train and convert commands never need.
-    from cde_st.evaluation.local_tasks import LocalDataError
+    from cde_st.data import DataError
     from cde_st.evaluation.runner import TaskDataError, UnknownTaskError, evaluate_model
 
     overrides = {}
@@ -417,7 +417,7 @@ def eval_run(argv: list[str] | None = None) -> int:
     except Exception as err:
         if args.debug or _debug_wanted(argv):
             raise
-        expected = (UnknownTaskError, LocalDataError, TaskDataError, *_EXPECTED_ERRORS)
+        expected = (UnknownTaskError, DataError, TaskDataError, *_EXPECTED_ERRORS)
         return _report(err, expected, {"--model": args.model}, how="pass a local model folder as --model")
     print(report.summary())
     for kind, path in sorted(report.files.items()):

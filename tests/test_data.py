@@ -132,3 +132,12 @@ def test_local_data_error_is_the_data_error():
     from cde_st.evaluation import LocalDataError
 
     assert LocalDataError is DataError and issubclass(DataError, ValueError)
+
+
+def test_one_data_error_class_under_its_older_names():
+    """The training pairs and the eval kit's local tasks raise the data layer's DataError; their old names alias it."""
+    from cde_st.data import DataError
+    from cde_st.evaluation.local_tasks import LocalDataError
+    from cde_st.training import TrainingDataError
+
+    assert LocalDataError is DataError and TrainingDataError is DataError

@@ -49,7 +49,7 @@ from cde_st.evaluation.task_registry import MTEB_TWINS, TWIN_SPLIT_FILES, regist
 
 # mteb (and datasets) are imported inside the functions that use them: importing mteb takes seconds, and
 # ``import cde_st.evaluation`` (and the in-training evaluators) must not pay for it.
-#: The error of a missing or malformed local file (the name callers of the evaluation kit know it by).
+#: The package's one data error (cde_st.data.DataError), under the name callers of the evaluation kit know it by.
 LocalDataError = DataError
 
 _SPLIT_PREFERENCE = ("test", "dev", "validation", "val")

@@ -30,8 +30,7 @@ TRAIN_DATA_HELP = (
     "a folder or .jsonl(.gz) file of query/document pairs, a BEIR folder as beir:FOLDER[:split], or hub:owner/name"
 )
 
-# A training data file that cannot be read as pairs (the message names the file and the line): the data layer's
-# error, under the name this module has always raised.
+# The package's one data error (cde_st.data.DataError), under the name this module's callers have imported it by.
 TrainingDataError = DataError
 
 
@@ -84,7 +83,7 @@ def _encodable(text: str) -> bool:
 def read_pairs_file(path: str) -> list[dict[str, str]]:
     """The (query, document, domain) rows of a jsonl(.gz) file, each line checked: a JSON object with string
     ``query`` and ``document`` (and, if present, ``domain``; the file name otherwise). Blank lines are skipped,
-    other fields ignored, an empty file gives no rows (with a warning). A :class:`TrainingDataError` names the file
+    other fields ignored, an empty file gives no rows (with a warning). A :class:`~cde_st.data.DataError` names the file
     and line of the first bad row."""
     if next(iter_lines(Path(path)), None) is None:
         logger.warning("%s holds no pairs (empty file).", path)
@@ -95,13 +94,13 @@ def read_pairs_file(path: str) -> list[dict[str, str]]:
         for key, value in row.items():  # read_jsonl_lines checked that every field is a str
             if not _encodable(value):
                 bad = next(c for c in value if not _encodable(c))
-                raise TrainingDataError(
+                raise DataError(
                     f"{path}:{line_no}: field {key!r} holds a lone surrogate escape \\u{ord(bad):04x} (half of a "
                     "UTF-16 pair), which is not text a tokenizer can read; fix or drop the row."
                 )
         for key in ("query", "document"):
             if not row[key].strip():
-                raise TrainingDataError(
+                raise DataError(
                     f"{path}:{line_no}: field {key!r} is empty (blank text): a pair teaches the model only when both "
                     "its query and its document hold text; fill or drop the row."
                 )
@@ -173,14 +172,14 @@ def pairs_for_max_steps(pairs: Dataset, max_steps: int, batch_size: int, process
 
 
 def check_pairs_can_teach(pairs: Dataset, sources: list[str]) -> None:
-    """A :class:`TrainingDataError` naming ``sources`` when ``pairs`` cannot teach a contextual (or any contrastive)
+    """A :class:`~cde_st.data.DataError` naming ``sources`` when ``pairs`` cannot teach a contextual (or any contrastive)
     model anything: the loss tells each query's document apart from the other pairs' documents, so fewer than two
     pairs, a single distinct query or document, blank texts, or every query identical to its document train to a
     loss of 0 (or a constant) and change nothing. A warning when many pairs are only a text matched with itself."""
     where = ", ".join(sources)
     n = len(pairs)
     if n < 2:
-        raise TrainingDataError(
+        raise DataError(
             f"{where}: only {n} pair{'s' if n != 1 else ''} to train on: the loss tells a query's document apart "
             "from the other pairs' documents, so training needs at least 2 pairs (in practice thousands)."
         )
@@ -189,22 +188,22 @@ def check_pairs_can_teach(pairs: Dataset, sources: list[str]) -> None:
     for key, texts in (("query", queries), ("document", documents)):
         blank = [i for i, t in enumerate(texts) if not t]
         if blank:
-            raise TrainingDataError(
+            raise DataError(
                 f"{where}: {len(blank)} pair(s) have an empty {key} (first: pair {blank[0]}): fill or drop them."
             )
     if len(set(documents)) < 2:
-        raise TrainingDataError(
+        raise DataError(
             f"{where}: every document is the same text ({documents[0][:60]!r}): there is nothing to tell apart, so "
             "the model learns nothing. Check that the document column holds the pairs' documents."
         )
     if len(set(queries)) < 2:
-        raise TrainingDataError(
+        raise DataError(
             f"{where}: every query is the same text ({queries[0][:60]!r}): one query cannot be matched with "
             f"{len(set(documents))} different documents, so the model learns nothing. Check the query column."
         )
     same = sum(q == d for q, d in zip(queries, documents))
     if same == n:
-        raise TrainingDataError(
+        raise DataError(
             f"{where}: every query is identical to its document: the model would only learn to match a text with "
             "itself (the loss reaches 0 without learning retrieval). Check that query and document are not the "
             "same column."
