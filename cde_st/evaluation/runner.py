@@ -1,8 +1,9 @@
 """One function to evaluate a model on mteb tasks with per-task corpus context: :func:`evaluate_model`.
 
-``eval/run_mteb.py`` is a thin command line over it, and the trainer calls it to score a dev folder. For each
-context size J of the run, a :class:`~cde_st.evaluation.wrapper.ContextualEncoderWrapper` (task prefixes, the
-context plan of :mod:`~cde_st.evaluation.pools`) is handed to ``mteb.evaluate`` task by task; tasks come from
+``eval/run_mteb.py`` and ``cde-st-eval`` are thin command lines over it (the trainer scores with the in-training
+evaluators of :mod:`~cde_st.evaluation.evaluators` instead). For each context size J of the run, a
+:class:`~cde_st.evaluation.wrapper.ContextualEncoderWrapper` (task prefixes, the context plan of
+:mod:`~cde_st.evaluation.pools`) is handed to ``mteb.evaluate`` task by task; tasks come from
 :mod:`~cde_st.evaluation.tasks`, the model and its result name from :mod:`~cde_st.evaluation.models`, cached results
 are checked by :mod:`~cde_st.evaluation.provenance` and summaries written by :mod:`~cde_st.evaluation.report`.
 """

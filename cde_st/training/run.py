@@ -202,9 +202,6 @@ def build_evaluator(cfg: TrainConfig) -> ContextualRetrievalEvaluator | None:
     )
 
 
-# Fields a resumed run may change: they say how long to train and what to log/keep, not what is trained.
-
-
 # ----------------------------------------------------------------------------------------------------- the run
 class MainProcessSavingTrainer(SentenceTransformerTrainer):
     """SentenceTransformerTrainer whose checkpoints only the main process writes. transformers moved that guard into
