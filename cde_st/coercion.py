@@ -12,6 +12,8 @@ Every route into a config goes through :func:`coerce`: ``TrainConfig`` (Python, 
   ``8.7``, ``True`` and ``"eight"`` are refused.
 - a ``float`` field takes a finite or infinite real number or its text (``"1e-3"``); booleans are refused.
 - a ``str`` field takes only text; a ``list[str]`` takes one string as a one-item list (one path).
+- a ``Literal[...]`` field (a choice) takes only one of its values, of the same type (``"auto"``, not ``"Auto"``);
+  the error names the field and lists the allowed values.
 
 Anything else is a :class:`ConfigValueError` (both a ``TypeError`` and a ``ValueError``) naming the field, the value
 and the expected type.
@@ -47,6 +49,14 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
+def _is_instance(value: Any, hint: Any) -> bool:
+    """Whether ``value`` already has type ``hint`` (for a ``Literal``: is one of its values, of the same type)."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return any(value == choice and type(value) is type(choice) for choice in typing.get_args(hint))
+    return isinstance(value, origin or hint)
+
+
 def coerce(value: Any, hint: Any, name: str, rule: str | None = None) -> Any:
     """``value`` as type ``hint`` by the module's rule; a :class:`ConfigValueError` naming field ``name``, the value
     and ``hint`` otherwise (``rule``: what the field must be, added to the message)."""
@@ -63,7 +73,7 @@ def coerce(value: Any, hint: Any, name: str, rule: str | None = None) -> Any:
             return None
         raise mismatch
     if origin in (typing.Union, types.UnionType):
-        exact = [a for a in args if a is not Any and isinstance(value, typing.get_origin(a) or a)]
+        exact = [a for a in args if a is not Any and _is_instance(value, a)]
         exact = [a for a in exact if not (isinstance(value, bool) and a in (int, float))]
         inner = None
         for candidate in exact + [a for a in args if a not in exact]:
@@ -73,6 +83,10 @@ def coerce(value: Any, hint: Any, name: str, rule: str | None = None) -> Any:
                 if candidate in exact and inner is None and typing.get_origin(candidate) in (list, dict):
                     inner = err  # the container is right, an item is not: name the item
         raise inner if inner is not None else mismatch
+    if origin is typing.Literal:
+        if _is_instance(value, hint):
+            return value
+        raise ConfigValueError(f"field {name!r} = {_describe(value)}: expected one of {list(args)}")
     if hint is bool:
         if isinstance(value, (bool, np.bool_)):
             return bool(value)
@@ -125,6 +139,9 @@ def type_name(hint: Any) -> str:
         return f"a list of {type_name(typing.get_args(hint)[0])} (or one {type_name(typing.get_args(hint)[0])})"
     if typing.get_origin(hint) is dict:
         return "a dict (mapping)"
+    if typing.get_origin(hint) is typing.Literal:
+        choices = typing.get_args(hint)
+        return repr(choices[0]) if len(choices) == 1 else "one of " + ", ".join(repr(a) for a in choices)
     return getattr(hint, "__name__", str(hint))
 
 
