@@ -190,80 +190,111 @@ def evaluate_model(
 ) -> EvaluationReport:
     """Evaluate a (contextual or plain) sentence-transformers model on mteb tasks and local task folders.
 
-    Per task/subset/split the context is sampled from the task's own pool (:mod:`cde_st.evaluation.pools`),
-    seeded and without replacement, prefixed with the task's document prefix, and embedded once; the task is then
-    scored by mteb's own evaluator.
+    Per task/subset/split the context is sampled from the task's own pool (:mod:`cde_st.evaluation.pools`), seeded
+    and without replacement, prefixed with the task's document prefix and embedded once; mteb's evaluator scores it.
 
     Args:
-        model: a ``SentenceTransformer`` (e.g. ``ContextualSentenceTransformer``), or a model folder / hub id.
-        tasks: mteb task names, local task folders, names of folders under ``data_dir``, or mteb task objects.
-        data_dir: root of local task folders (``<data_dir>/<type>/<name>``, as ``../shared/data``).
-        context_size: J, or several J for a sweep (contextual models only; default: the model's context size).
-            J = 0 means no context (all slots null).
+        model: a ``SentenceTransformer`` (e.g. ``ContextualSentenceTransformer``), or a model folder / hub id (loaded
+            on ``device``).
+        tasks: mteb task names, local task folders, names of folders under ``data_dir`` (the root of local task
+            folders, ``<data_dir>/<type>/<name>``, as ``../shared/data``), or mteb task objects.
+        context_size: J, or several J for a sweep (contextual models only; default: the model's); 0: no context.
         context_seed: seed of the context sampling.
-        context: ``"corpus"`` (the task's own pool), ``"random"`` (documents from another corpus: ``random_corpus``
-            if given, else the pools of the *other* tasks of this run) or ``"none"`` (null context).
-        random_corpus: the fixed corpus of ``context="random"``: texts, a ``.txt`` / ``.jsonl`` file or a task.
-        prefixes: apply the task prefixes (default: on for contextual models, off for plain ones, which then use
-            their own configured prompts as mteb does).
-        prefix_overrides: replace prefixes by role (``query``, ``document``, ``classification``, ``clustering``,
-            ``symmetric``); implies ``prefixes=True`` unless it is explicitly False.
-        output_dir: the one folder a run writes to: mteb result JSON (also mteb's result cache,
-            ``results/<model>/<revision>/experiments/<settings>/<task>.json``) and the summary files (``summary/``);
-            default :data:`DEFAULT_OUTPUT_DIR` (``outputs/mteb``, relative to the working directory; ``outputs/`` is
-            git-ignored); ``None`` writes nothing.
-        batch_size: encode batch size.
-        model_name / revision: how results name the model (defaults: ``local/<folder>`` or the hub id, and a hash
-            of the weights).
+        context: ``"corpus"`` (the task's own pool), ``"random"`` (documents from another corpus: ``random_corpus``,
+            texts, a ``.txt`` / ``.jsonl`` file or a task, else the pools of the *other* tasks of this run) or
+            ``"none"`` (null context).
+        prefixes: apply the task prefixes (default: on for contextual models, off for plain ones, which then use their
+            own prompts as mteb does). ``prefix_overrides``: prefixes by role (``query``, ``document``,
+            ``classification``, ``clustering``, ``symmetric``); implies ``prefixes=True`` unless it is False.
+        output_dir: the one folder a run writes to: mteb result JSON (also mteb's result cache) and ``summary/``;
+            default :data:`DEFAULT_OUTPUT_DIR` (``outputs/mteb``, git-ignored); ``None`` writes nothing.
+        batch_size, show_progress_bar, max_seq_length: encoding options (``max_seq_length``: default the model's).
+        model_name / revision: how results name the model (defaults: ``local/<folder>`` or the hub id, and a hash of
+            the weights).
         eval_splits: evaluate these splits instead of the tasks' defaults.
-        overwrite: re-run tasks whose results exist in ``output_dir`` (False: reuse a cached result, but only when
-            it was computed on the same data, with the same context documents and scoring settings; otherwise the
-            task re-runs, with a warning that says why; ``RunResult.cache_notes`` records which).
-        show_progress_bar: progress bars while encoding.
-        device: device for a model given by name.
-        max_seq_length: token limit of the inputs for this run (default: the model's own).
-        identical_ids: retrieval: whether a corpus document whose id is the query's own id counts among the query's
-            results. ``"auto"``: the mteb task's own setting (local folders named after an mteb task take that
-            task's); for other local folders it is decided from the texts: ignored only when the queries are corpus
-            documents (as in ArguAna or Quora, where a query would retrieve itself), kept when ids merely coincide
-            (classic collections numbered 1..N). ``"ignore"`` / ``"keep"`` force it. The rule used and why are
-            logged and reported in :attr:`EvaluationReport.task_settings` and the summary.
+        overwrite: re-run tasks whose results exist in ``output_dir`` (False: reuse a cached result only when it was
+            computed on the same data, context documents and scoring settings, else re-run with a warning saying why;
+            ``RunResult.cache_notes`` records which).
+        identical_ids: retrieval: whether a corpus document whose id is the query's own id counts among its results.
+            ``"auto"``: the mteb task's setting (local folders named after an mteb task take that task's); other local
+            folders: ignored only when the queries are corpus documents (ArguAna, Quora), kept when ids merely
+            coincide. ``"ignore"`` / ``"keep"`` force it; the rule and why: :attr:`EvaluationReport.task_settings`.
 
-    Returns:
-        An :class:`EvaluationReport` (scores per run and task, mteb ``TaskResult`` objects, files written).
+    Returns an :class:`EvaluationReport` (scores per run and task, mteb ``TaskResult`` objects, files written).
 
     Example:
         >>> report = evaluate_model(model, ["scifact"], data_dir="../shared/data", context_size=[0, 64])  # doctest: +SKIP
         >>> report.score("scifact", context_size=64)  # doctest: +SKIP
     """
-    # mteb is imported on use: importing it takes seconds, and this module's other names do not need it
-    import mteb
+    resolved = _checked_tasks(tasks, context, context_seed, data_dir, eval_splits, identical_ids)
+    spec = model if isinstance(model, (str, Path)) else None
+    model = _loaded_model(model, device, max_seq_length)
+    model_name = model_name or default_model_name(model, spec)
+    revision = revision or parameter_fingerprint(model)
+    wrappers, runs = _plan_runs(
+        model, resolved, model_name, revision, context, context_size, context_seed, random_corpus, data_dir,
+        prefixes, prefix_overrides, identical_ids,
+    )  # fmt: skip
+    task_settings = _evaluate_tasks(
+        resolved, wrappers, runs, data_dir, output_dir, overwrite, batch_size, show_progress_bar, model_name
+    )
+    report = EvaluationReport(model_name=model_name, revision=revision, runs=runs, task_settings=task_settings)
+    if output_dir is not None:
+        report.files = _write_reports(report, Path(output_dir).expanduser())
+    return report
 
+
+def _checked_tasks(
+    tasks: Sequence[Any],
+    context: str,
+    context_seed: int,
+    data_dir: Any,
+    eval_splits: Sequence[str] | None,
+    identical_ids: str,
+) -> list[Any]:
+    """The arguments checked and the tasks resolved before the model is loaded: a mistake fails fast."""
     if context not in CONTEXT_MODES:
         raise ValueError(f"Unknown context mode {context!r}; choose one of {CONTEXT_MODES}.")
     check_seed(context_seed, "context_seed (--context-seed)")
-    resolved = [resolve_task(t, data_dir, eval_splits, identical_ids) for t in tasks]  # before the model: fail fast
+    resolved = [resolve_task(t, data_dir, eval_splits, identical_ids) for t in tasks]
     names = [t.metadata.name for t in resolved]
     if len(set(names)) != len(names):
         raise ValueError(f"Duplicate tasks in {names}.")
-    spec = model if isinstance(model, (str, Path)) else None
-    if spec is not None:
-        model = load_model(spec, device=device)
+    return resolved
+
+
+def _loaded_model(model: Any, device: str | None, max_seq_length: int | None) -> Any:
+    """The model (loaded when given by name), with this run's token limit."""
+    if isinstance(model, (str, Path)):
+        model = load_model(model, device=device)
     if max_seq_length is not None:  # e.g. score models trained at different lengths at one length
         model.max_seq_length = max_seq_length
+    return model
 
+
+def _plan_runs(
+    model: Any,
+    resolved: list[Any],
+    model_name: str,
+    revision: str,
+    context: str,
+    context_size: int | Sequence[int] | None,
+    context_seed: int,
+    random_corpus: Any,
+    data_dir: Any,
+    prefixes: bool | None,
+    prefix_overrides: Mapping[str, str] | None,
+    identical_ids: str,
+) -> tuple[list[ContextualEncoderWrapper], list[RunResult]]:
+    """One encoder wrapper (context plan, prefixes, mteb model meta) and one empty result per context size J."""
     contextual = is_contextual_model(model)
     sizes = context_sizes(model, contextual, context, context_size)
     mode = context if contextual else "none"
     use_prefixes = prefixes if prefixes is not None else (contextual or bool(prefix_overrides))
     task_prefixes = TaskPrefixes().with_overrides(prefix_overrides) if use_prefixes else None
-
-    model_name = model_name or default_model_name(model, spec)
-    revision = revision or parameter_fingerprint(model)
     random_pool, random_name = None, None
     if mode == "random":
         random_pool, random_name = _random_pool(resolved, random_corpus, data_dir, max(sizes), context_seed)
-
     runs: list[RunResult] = []
     wrappers = []
     for size in sizes:
@@ -280,6 +311,23 @@ def evaluate_model(
         meta = build_model_meta(model, name=model_name, revision=revision, experiment_kwargs=kwargs)
         wrappers.append(ContextualEncoderWrapper(model, plan=plan, prefixes=task_prefixes, model_meta=meta))
         runs.append(RunResult(context=mode, context_size=size, seed=context_seed, experiment_kwargs=kwargs))
+    return wrappers, runs
+
+
+def _evaluate_tasks(
+    resolved: list[Any],
+    wrappers: list[ContextualEncoderWrapper],
+    runs: list[RunResult],
+    data_dir: Any,
+    output_dir: str | Path | None,
+    overwrite: bool,
+    batch_size: int,
+    show_progress_bar: bool,
+    model_name: str,
+) -> dict[str, dict[str, str]]:
+    """Every task under every run (its data loaded once per task); fills the runs, returns the tasks' rules."""
+    # mteb is imported on use: importing it takes seconds, and this module's other names do not need it
+    import mteb
 
     cache = mteb.ResultCache(cache_path=str(Path(output_dir).expanduser())) if output_dir is not None else None
     encode_kwargs = {"batch_size": batch_size, "show_progress_bar": show_progress_bar}
@@ -302,41 +350,7 @@ def evaluate_model(
                     task.metadata.name,
                     run.label,
                 )
-                provenance = task_provenance(task, wrapper) if cache is not None else None
-                strategy = "always"
-                if cache is not None and not overwrite:
-                    reuse, note = check_cached(cache, wrapper.mteb_model_meta, task.metadata.name, provenance)
-                    strategy = "only-missing" if reuse else "always"
-                    if note:
-                        run.cache_notes[task.metadata.name] = note
-                with warnings.catch_warnings():
-                    warnings.filterwarnings("ignore", message=".*superseded.*")
-                    result = mteb.evaluate(
-                        wrapper,
-                        task,
-                        cache=cache,
-                        overwrite_strategy=strategy,
-                        encode_kwargs=dict(encode_kwargs),
-                        show_progress_bar=False,
-                        co2_tracker=False,
-                    )
-                wrapper.release()
-                if result.exceptions:
-                    raise RuntimeError(f"Task {task.metadata.name} failed: {result.exceptions[0].exception}")
-                if cache is not None:
-                    record_provenance(cache, wrapper.mteb_model_meta, provenance, merge=strategy != "always")
-                task_result = result.task_results[0]
-                run.task_results.append(task_result)
-                run.scores.append(
-                    scores_from_result(
-                        task_result,
-                        task_type=task.metadata.type,
-                        metric=task.metadata.main_score,
-                        context=run.context,
-                        context_size=run.context_size,
-                        seed=run.seed,
-                    )
-                )
+                _evaluate_task(mteb, task, wrapper, run, cache, overwrite, encode_kwargs)
             if not preloaded:
                 task.unload_data()
     finally:
@@ -344,11 +358,54 @@ def evaluate_model(
             wrapper.release()
     for wrapper, run in zip(wrappers, runs):
         run.context_log = wrapper.context_log
+    return task_settings
 
-    report = EvaluationReport(model_name=model_name, revision=revision, runs=runs, task_settings=task_settings)
-    if output_dir is not None:
-        report.files = _write_reports(report, Path(output_dir).expanduser())
-    return report
+
+def _evaluate_task(
+    mteb: Any,
+    task: Any,
+    wrapper: ContextualEncoderWrapper,
+    run: RunResult,
+    cache: Any,
+    overwrite: bool,
+    encode_kwargs: dict[str, Any],
+) -> None:
+    """One task under one run (reusing a cached result only when its provenance matches); appends to ``run``."""
+    provenance = task_provenance(task, wrapper) if cache is not None else None
+    strategy = "always"
+    if cache is not None and not overwrite:
+        reuse, note = check_cached(cache, wrapper.mteb_model_meta, task.metadata.name, provenance)
+        strategy = "only-missing" if reuse else "always"
+        if note:
+            run.cache_notes[task.metadata.name] = note
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*superseded.*")
+        result = mteb.evaluate(
+            wrapper,
+            task,
+            cache=cache,
+            overwrite_strategy=strategy,
+            encode_kwargs=dict(encode_kwargs),
+            show_progress_bar=False,
+            co2_tracker=False,
+        )
+    wrapper.release()
+    if result.exceptions:
+        raise RuntimeError(f"Task {task.metadata.name} failed: {result.exceptions[0].exception}")
+    if cache is not None:
+        record_provenance(cache, wrapper.mteb_model_meta, provenance, merge=strategy != "always")
+    task_result = result.task_results[0]
+    run.task_results.append(task_result)
+    run.scores.append(
+        scores_from_result(
+            task_result,
+            task_type=task.metadata.type,
+            metric=task.metadata.main_score,
+            context=run.context,
+            context_size=run.context_size,
+            seed=run.seed,
+        )
+    )
 
 
 def _random_pool(tasks: list[Any], random_corpus: Any, data_dir: Any, max_size: int, seed: int):
