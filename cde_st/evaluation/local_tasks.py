@@ -286,18 +286,8 @@ def load_local_task(
         >>> task.metadata.name, task.metadata.main_score  # doctest: +SKIP
         ('scifact', 'ndcg_at_10')
     """
-    import mteb
-    from mteb.abstasks.task_metadata import TaskMetadata
-
-    folder = Path(folder).expanduser().resolve()
-    if not folder.is_dir():
-        raise DataError(f"{folder}: task folder does not exist.")
+    folder, kind = _checked_folder(folder, kind, identical_ids)
     name = name or folder.name
-    kind = kind or detect_kind(folder)
-    if kind not in TASK_KINDS:
-        raise ValueError(f"Unknown local task format {kind!r}; expected one of {TASK_KINDS}.")
-    if identical_ids not in IDENTICAL_IDS_RULES:
-        raise ValueError(f"identical_ids must be one of {IDENTICAL_IDS_RULES}, got {identical_ids!r}.")
     if twin is None:
         twin_name, hf_subset = MTEB_TWINS.get(folder.name) or registry_twin(folder.name, kind) or ("", "default")
     else:
@@ -310,48 +300,14 @@ def load_local_task(
         present = sorted(set(present) | {s for s, files in split_files.items() if set(files) & set(present)})
     dataset = {"path": str(folder), "revision": f"local-{folder_fingerprint(folder)}"}
     if twin_name:
-        twin_task = mteb.get_task(twin_name)
-        base = type(twin_task)
-        if KIND_TO_MTEB_TYPE[kind] != twin_task.metadata.type:
-            raise ValueError(f"{folder}: a {kind} folder cannot reuse the {twin_task.metadata.type} task {twin_name}.")
-        wanted = list(eval_splits or [s for s in twin_task.metadata.eval_splits if s in present])
-        update: dict[str, Any] = {
-            "name": name,
-            "dataset": dataset,
-            "description": f"Local copy of the mteb task {twin_name} read from {folder}.",
-            "superseded_by": None,
-            "adapted_from": [twin_name],
-        }
-        if twin_task.metadata.is_multilingual:
-            if hf_subset not in twin_task.metadata.eval_langs:
-                raise ValueError(
-                    f"{twin_name} has subsets {twin_task.metadata.hf_subsets}: name one as twin='{twin_name}:<subset>'."
-                )
-            update["eval_langs"] = {hf_subset: twin_task.metadata.eval_langs[hf_subset]}
-        metadata = twin_task.metadata.model_copy(update=update)
+        base, metadata = _twin_metadata(twin_name, hf_subset, kind, name, folder, dataset)
+        expected = ", ".join(metadata.eval_splits)
+        wanted = list(eval_splits or [s for s in metadata.eval_splits if s in present])
     else:
-        base = _generic_base(kind)
+        base, metadata = _generic_base(kind), _generic_metadata(kind, name, folder, dataset)
+        expected = "test, dev or validation"
         wanted = list(eval_splits or [s for s in _SPLIT_PREFERENCE if s in present][:1])
-        metadata = TaskMetadata(
-            name=name,
-            description=f"Local {kind} task read from {folder}.",
-            dataset=dataset,
-            type=KIND_TO_MTEB_TYPE[kind],
-            category="t2t" if kind in ("retrieval", "sts", "pair_classification") else "t2c",
-            modalities=["text"],
-            eval_splits=["test"],
-            eval_langs=["eng-Latn"],
-            main_score=_MAIN_SCORES[kind],
-        )
-    if not wanted:
-        raise DataError(
-            f"{folder}: no evaluation split found (available: {present or 'none'}; expected "
-            f"{', '.join(twin_task.metadata.eval_splits) if twin_name else 'test, dev or validation'})."
-        )
-    missing = [s for s in wanted if s not in present]
-    if missing:
-        raise DataError(f"{folder}: requested split(s) {missing} not found (available: {present}).")
-    metadata = metadata.model_copy(update={"eval_splits": wanted})
+    metadata = metadata.model_copy(update={"eval_splits": _checked_splits(folder, wanted, present, expected)})
 
     train_split = None
     if kind == "classification":
@@ -370,3 +326,68 @@ def load_local_task(
     if kind == "retrieval":
         set_local_rule(task, identical_ids, twin_name)
     return task
+
+
+def _checked_folder(folder: str | Path, kind: str | None, identical_ids: str) -> tuple[Path, str]:
+    """The task folder, resolved, and its format, once it exists and the format and identical-ids rule are known."""
+    folder = Path(folder).expanduser().resolve()
+    if not folder.is_dir():
+        raise DataError(f"{folder}: task folder does not exist.")
+    kind = kind or detect_kind(folder)
+    if kind not in TASK_KINDS:
+        raise ValueError(f"Unknown local task format {kind!r}; expected one of {TASK_KINDS}.")
+    if identical_ids not in IDENTICAL_IDS_RULES:
+        raise ValueError(f"identical_ids must be one of {IDENTICAL_IDS_RULES}, got {identical_ids!r}.")
+    return folder, kind
+
+
+def _twin_metadata(
+    twin_name: str, hf_subset: str, kind: str, name: str, folder: Path, dataset: dict[str, str]
+) -> tuple[type, Any]:
+    """The mteb twin's task class and its metadata, renamed and pointed at the local folder."""
+    import mteb
+
+    twin_task = mteb.get_task(twin_name)
+    if KIND_TO_MTEB_TYPE[kind] != twin_task.metadata.type:
+        raise ValueError(f"{folder}: a {kind} folder cannot reuse the {twin_task.metadata.type} task {twin_name}.")
+    update: dict[str, Any] = {
+        "name": name,
+        "dataset": dataset,
+        "description": f"Local copy of the mteb task {twin_name} read from {folder}.",
+        "superseded_by": None,
+        "adapted_from": [twin_name],
+    }
+    if twin_task.metadata.is_multilingual:
+        if hf_subset not in twin_task.metadata.eval_langs:
+            raise ValueError(
+                f"{twin_name} has subsets {twin_task.metadata.hf_subsets}: name one as twin='{twin_name}:<subset>'."
+            )
+        update["eval_langs"] = {hf_subset: twin_task.metadata.eval_langs[hf_subset]}
+    return type(twin_task), twin_task.metadata.model_copy(update=update)
+
+
+def _generic_metadata(kind: str, name: str, folder: Path, dataset: dict[str, str]) -> Any:
+    """The metadata of a local task with no mteb twin."""
+    from mteb.abstasks.task_metadata import TaskMetadata
+
+    return TaskMetadata(
+        name=name,
+        description=f"Local {kind} task read from {folder}.",
+        dataset=dataset,
+        type=KIND_TO_MTEB_TYPE[kind],
+        category="t2t" if kind in ("retrieval", "sts", "pair_classification") else "t2c",
+        modalities=["text"],
+        eval_splits=["test"],
+        eval_langs=["eng-Latn"],
+        main_score=_MAIN_SCORES[kind],
+    )
+
+
+def _checked_splits(folder: Path, wanted: list[str], present: list[str], expected: str) -> list[str]:
+    """``wanted``, once there is at least one and each exists in the folder."""
+    if not wanted:
+        raise DataError(f"{folder}: no evaluation split found (available: {present or 'none'}; expected {expected}).")
+    missing = [s for s in wanted if s not in present]
+    if missing:
+        raise DataError(f"{folder}: requested split(s) {missing} not found (available: {present}).")
+    return wanted
