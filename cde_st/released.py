@@ -453,32 +453,62 @@ def load_released(
             f"{name}/{CONFIG_FILE} has no transductive_corpus_size/embedder fields: not a released CDE model."
         )
     dtype = resolve_dtype(dtype, cde)  # "auto": the dtype config.json records
-    embedder = cde["embedder"]
     folder = Path(name).expanduser() if Path(name).expanduser().is_dir() else None
     backbone_hub = dict(cache_folder=cache_folder, token=token, local_files_only=local_files_only)
+    raw, config_source = _released_backbone_config(name, cde["embedder"], folder, backbone_config, backbone_hub)
+    check_backbone_config(raw, cde["embedder"], config_source)
+    config = _backbone_from_raw(raw, config_source)
+    tokenizer, token_source = _released_tokenizer(name, cde["embedder"], folder, tokenizer, backbone_hub)
 
+    settings = module_config(cde, config.model_type, source=_source_name(name, CONFIG_FILE))
+    if attn_implementation is not None:
+        settings = dataclasses.replace(settings, attn_implementation=attn_implementation)
+    weights_path = _fetch(name, WEIGHTS_FILE, **hub)
+    module = _released_module(name, config, config_source, tokenizer, token_source, settings, weights_path)
+    if dtype is not None:
+        module.to(dtype)
+    module.eval()
+    # Where each part came from: a backbone config or tokenizer from beside the files or an argument is not checked
+    # against the embedder's (see check_backbone_config), so a conversion names them.
+    module.released_sources = {
+        "config": _source_name(name, CONFIG_FILE),
+        "weights": str(weights_path),
+        "backbone config": str(config_source),
+        "tokenizer": str(token_source),
+    }
+    return module
+
+
+def _released_backbone_config(
+    name: str, embedder: str, folder: Path | None, backbone_config: str | dict | None, backbone_hub: dict[str, Any]
+) -> tuple[dict, str]:
+    """The backbone's raw config and where it came from: the argument, the file beside the released files, or the
+    ``embedder`` repo's ``config.json``."""
     if isinstance(backbone_config, dict):
-        raw, config_source = backbone_config, "the backbone_config= dict"
-    elif backbone_config is not None:
+        return backbone_config, "the backbone_config= dict"
+    if backbone_config is not None:
         path = Path(backbone_config).expanduser()
         config_source = str(path / "config.json" if path.is_dir() else path)
-        raw = _read_json(config_source)
-    elif folder is not None and (folder / BACKBONE_CONFIG_FILE).is_file():
+        return _read_json(config_source), config_source
+    if folder is not None and (folder / BACKBONE_CONFIG_FILE).is_file():
         config_source = str(folder / BACKBONE_CONFIG_FILE)
-        raw = _read_json(config_source)
-    else:
-        try:
-            config_source = _fetch(embedder, CONFIG_FILE, **backbone_hub)
-            raw = _read_json(config_source)
-        except ReleasedCheckpointError as err:
-            raise ReleasedCheckpointError(
-                f"The backbone config of {name} (its `embedder`, {embedder!r}) is not available: {err} "
-                f"Put the backbone's config.json beside the released files as {BACKBONE_CONFIG_FILE}, or pass "
-                "backbone_config=."
-            ) from err
-    check_backbone_config(raw, embedder, config_source)
-    config = _backbone_from_raw(raw, config_source)
+        return _read_json(config_source), config_source
+    try:
+        config_source = _fetch(embedder, CONFIG_FILE, **backbone_hub)
+        return _read_json(config_source), config_source
+    except ReleasedCheckpointError as err:
+        raise ReleasedCheckpointError(
+            f"The backbone config of {name} (its `embedder`, {embedder!r}) is not available: {err} "
+            f"Put the backbone's config.json beside the released files as {BACKBONE_CONFIG_FILE}, or pass "
+            "backbone_config=."
+        ) from err
 
+
+def _released_tokenizer(
+    name: str, embedder: str, folder: Path | None, tokenizer: Any, backbone_hub: dict[str, Any]
+) -> tuple[Any, str]:
+    """The tokenizer (the argument, the files beside the released files, or the ``embedder`` repo's) and where it
+    came from."""
     if tokenizer is None:
         if folder is not None and any((folder / f).is_file() for f in _TOKENIZER_FILES):
             tokenizer = str(folder)
@@ -495,15 +525,23 @@ def load_released(
                 f"The tokenizer of {name} ({tokenizer!r}; the released repos ship none) could not be loaded: {err}. "
                 "Pass tokenizer= (a folder or name), or put the tokenizer files beside the released files."
             ) from err
+    return tokenizer, token_source
 
-    settings = module_config(cde, config.model_type, source=_source_name(name, CONFIG_FILE))
-    weights_path = _fetch(name, WEIGHTS_FILE, **hub)
+
+def _released_module(
+    name: str,
+    config: Any,
+    config_source: str,
+    tokenizer: Any,
+    token_source: str,
+    settings: Any,
+    weights_path: str,
+) -> ContextualTransformer:
+    """The module built from the backbone config and loaded with the released weights, once they fit it whole."""
     try:
         reference = load_file(weights_path)
     except Exception as err:
         raise ReleasedCheckpointError(f"{weights_path} could not be read as safetensors: {err}") from err
-    if attn_implementation is not None:
-        settings = dataclasses.replace(settings, attn_implementation=attn_implementation)
     try:
         module = ContextualTransformer(config, copy.deepcopy(config), tokenizer, settings)
     except (ValueError, TypeError) as err:  # e.g. an attention implementation that cannot run these settings
@@ -521,17 +559,6 @@ def load_released(
         check_finite(module, weights_path)
     except ValueError as err:
         raise ReleasedCheckpointError(str(err)) from None
-    if dtype is not None:
-        module.to(dtype)
-    module.eval()
-    # Where each part came from: a backbone config or tokenizer from beside the files or an argument is not checked
-    # against the embedder's (see check_backbone_config), so a conversion names them.
-    module.released_sources = {
-        "config": _source_name(name, CONFIG_FILE),
-        "weights": str(weights_path),
-        "backbone config": str(config_source),
-        "tokenizer": str(token_source),
-    }
     return module
 
 
