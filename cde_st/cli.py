@@ -188,6 +188,44 @@ def train_main(argv: list[str] | None = None) -> None:
 def train_run(argv: list[str] | None = None) -> int:
     """Train a contextual model (or a bi-encoder baseline) from a preset and/or a YAML/JSON config; returns the
     exit status (0, or 2 after a one-line ``error: ...``)."""
+    args = _train_parser().parse_args(argv)
+    # cde_st's own progress at INFO; dependencies (faiss, datasets, httpx, ...) only from WARNING up.
+    _quiet_dependencies()
+    models: dict[str, str] = {}
+    preset = None
+    try:
+        preset, cfg = _train_config(args)
+        if args.print_config:
+            print(config_yaml(cfg), end="")
+            return 0
+        models = {k: getattr(cfg, k) for k in ("init_from", "base_model", "surrogate", "guide")}
+        training.train(
+            cfg,
+            resume=args.resume,
+            overwrite_output_dir=args.overwrite_output_dir,
+            allow_config_change=args.allow_config_change,
+        )
+    except training.RunFinishedError as err:
+        print(f"cde-st-train: {err}", file=sys.stderr)
+        return 0
+    except training.NoTrainingDataError:
+        if _debug_wanted(argv):
+            raise
+        source = f"preset {preset!r}" if preset else "the config"
+        if args.config:
+            source = f"config {args.config}" + (f" (preset {preset!r})" if preset else "")
+        what = f"pass --set train_data=[PATH] ({TRAIN_DATA_HELP})"
+        print(f"error: {source} has no training data: {what}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        if _debug_wanted(argv):
+            raise
+        return _report(err, _EXPECTED_ERRORS, models, how="set {key} to a local model folder (--set {key}=PATH)")
+    return 0
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    """The options of ``cde-st-train``."""
     parser = _ArgumentParser(
         prog="cde-st-train",
         description="Train a contextual document embedding model with SentenceTransformerTrainer.",
@@ -236,58 +274,30 @@ def train_run(argv: list[str] | None = None) -> int:
         "and exit",
     )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    args = parser.parse_args(argv)
+    return parser
 
-    # cde_st's own progress at INFO; dependencies (faiss, datasets, httpx, ...) only from WARNING up.
-    _quiet_dependencies()
-    models: dict[str, str] = {}
-    preset = None
-    try:
-        overrides = _parse_overrides(args.set)
-        if args.output_dir:
-            if "output_dir" in overrides and overrides["output_dir"] != args.output_dir:
-                raise TrainConfigError(
-                    f"--output-dir {args.output_dir} and --set output_dir={overrides['output_dir']} name two output "
-                    "folders; give one."
-                )
-            overrides["output_dir"] = args.output_dir
-        values = TrainConfig.read_file(args.config) if args.config else {}
-        if args.preset and values.get("preset") not in (None, args.preset):
+
+def _train_config(args: argparse.Namespace) -> tuple[str | None, TrainConfig]:
+    """The preset started from and the checked config of ``--preset`` / ``--config`` / ``--set`` / ``--output-dir``
+    (two of them naming different presets or output folders are refused)."""
+    overrides = _parse_overrides(args.set)
+    if args.output_dir:
+        if "output_dir" in overrides and overrides["output_dir"] != args.output_dir:
             raise TrainConfigError(
-                f"--preset {args.preset} and {args.config} (preset: {values['preset']}) name two presets to start "
-                "from; give one (remove preset: from the file, or --preset)."
+                f"--output-dir {args.output_dir} and --set output_dir={overrides['output_dir']} name two output "
+                "folders; give one."
             )
-        preset = args.preset or values.pop("preset", None)
-        values.pop("preset", None)
-        values.update(overrides)
-        cfg = TrainConfig.from_preset(preset, **values) if preset else TrainConfig.from_dict(values)
-        if args.print_config:
-            print(config_yaml(cfg), end="")
-            return 0
-        models = {k: getattr(cfg, k) for k in ("init_from", "base_model", "surrogate", "guide")}
-        training.train(
-            cfg,
-            resume=args.resume,
-            overwrite_output_dir=args.overwrite_output_dir,
-            allow_config_change=args.allow_config_change,
+        overrides["output_dir"] = args.output_dir
+    values = TrainConfig.read_file(args.config) if args.config else {}
+    if args.preset and values.get("preset") not in (None, args.preset):
+        raise TrainConfigError(
+            f"--preset {args.preset} and {args.config} (preset: {values['preset']}) name two presets to start "
+            "from; give one (remove preset: from the file, or --preset)."
         )
-    except training.RunFinishedError as err:
-        print(f"cde-st-train: {err}", file=sys.stderr)
-        return 0
-    except training.NoTrainingDataError:
-        if _debug_wanted(argv):
-            raise
-        source = f"preset {preset!r}" if preset else "the config"
-        if args.config:
-            source = f"config {args.config}" + (f" (preset {preset!r})" if preset else "")
-        what = f"pass --set train_data=[PATH] ({TRAIN_DATA_HELP})"
-        print(f"error: {source} has no training data: {what}", file=sys.stderr)
-        return 2
-    except Exception as err:
-        if _debug_wanted(argv):
-            raise
-        return _report(err, _EXPECTED_ERRORS, models, how="set {key} to a local model folder (--set {key}=PATH)")
-    return 0
+    preset = args.preset or values.pop("preset", None)
+    values.pop("preset", None)
+    values.update(overrides)
+    return preset, TrainConfig.from_preset(preset, **values) if preset else TrainConfig.from_dict(values)
 
 
 # Errors whose message says all (no exception type, no --debug hint): bad config, data, paths or options.
