@@ -320,8 +320,40 @@ def _train(
     loss = build_loss(cfg, model)
     # A contextual model must never be scored (and its best checkpoint chosen) with the null context.
     evaluator = with_corpus_context(evaluator or build_evaluator(cfg), model, seed=cfg.seed)
+    args = _training_arguments(cfg, pairs, evaluator)
+    if args.world_size > 1:
+        logger.info(
+            "data-parallel training on %d processes (%s): %d pairs per rank and step, %d in all",
+            args.world_size,
+            args.parallel_mode.value,
+            cfg.batch_size,
+            cfg.batch_size * args.world_size,
+        )
+    trainer = MainProcessSavingTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        loss=loss,
+        evaluator=evaluator,
+        optimizers=(build_optimizer(cfg, model), None),  # the trainer adds its linear warm-up schedule
+    )
+    trainer.add_callback(_RecordCheckpoints(cfg.output_dir))
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=resume or None)
+    wall = time.perf_counter() - start
+    if not trainer.is_world_process_zero():
+        return model
+    _warn_if_nothing_was_learned(trainer, cfg)
+    _save_final(cfg, model, evaluator, wall, trainer.state.global_step, len(pairs), args.world_size)
+    return model
+
+
+def _training_arguments(
+    cfg: TrainConfig, pairs: Dataset, evaluator: SentenceEvaluator | None
+) -> SentenceTransformerTrainingArguments:
+    """The trainer's arguments: the config's optimisation, saving and logging fields, and the batch sampler."""
     prompts = resolved_prompts(cfg)
-    args = SentenceTransformerTrainingArguments(
+    return SentenceTransformerTrainingArguments(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate,
@@ -348,41 +380,24 @@ def _train(
         use_cpu=not torch.cuda.is_available(),
         report_to="none",
     )
-    if args.world_size > 1:
-        logger.info(
-            "data-parallel training on %d processes (%s): %d pairs per rank and step, %d in all",
-            args.world_size,
-            args.parallel_mode.value,
-            cfg.batch_size,
-            cfg.batch_size * args.world_size,
-        )
-    trainer = MainProcessSavingTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        loss=loss,
-        evaluator=evaluator,
-        optimizers=(build_optimizer(cfg, model), None),  # the trainer adds its linear warm-up schedule
-    )
-    trainer.add_callback(_RecordCheckpoints(cfg.output_dir))
-    start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume or None)
-    wall = time.perf_counter() - start
-    if not trainer.is_world_process_zero():
-        return model
-    _warn_if_nothing_was_learned(trainer, cfg)
+
+
+def _save_final(
+    cfg: TrainConfig,
+    model: SentenceTransformer,
+    evaluator: SentenceEvaluator | None,
+    wall: float,
+    steps: int,
+    pairs: int,
+    processes: int,
+) -> None:
+    """The final model to ``output_dir/final``, then ``train_summary.json`` (with the final evaluation, if any)."""
     final_dir = os.path.join(cfg.output_dir, "final")
     record_outputs(cfg.output_dir, "final", "train_summary.json")
     model.save(final_dir)
-    summary = {
-        "train_wall_seconds": round(wall, 1),
-        "steps": trainer.state.global_step,
-        "pairs": len(pairs),
-        "processes": args.world_size,
-    }
+    summary = {"train_wall_seconds": round(wall, 1), "steps": steps, "pairs": pairs, "processes": processes}
     if evaluator is not None:
         summary["final_eval"] = evaluator(model)
     with open(os.path.join(cfg.output_dir, "train_summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     logger.info("training done: %s", summary)
-    return model
