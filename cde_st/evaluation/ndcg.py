@@ -152,32 +152,13 @@ def score_beir_folder(
     else:
         ignore, why = identical_ids == "ignore", f"identical_ids={identical_ids!r} was asked for"
     contextual = is_contextual_model(model)
-    if isinstance(prefixes, TaskPrefixes):
-        chosen: TaskPrefixes | None = prefixes
-    else:
-        chosen = TaskPrefixes() if (contextual if prefixes is None else prefixes) else None
+    chosen = prefixes if isinstance(prefixes, TaskPrefixes) else _chosen_prefixes(prefixes, contextual)
     query_prompt = chosen.for_inputs("Retrieval", "query") if chosen is not None else None
     document_prompt = chosen.for_inputs("Retrieval", "document") if chosen is not None else None
     context = None
     try:
         if contextual:
-            size = context_sizes(model, True, "corpus", context_size)[0]
-            pool = unique_texts(documents)
-            sampled = sample_context(pool, size, context_seed) if size else []
-            prompt = chosen.for_context("Retrieval") if chosen is not None else ""
-            if sampled:
-                info = set_model_context(model, sampled, context_seed, prompt, batch_size=batch_size)
-                fingerprint = info.fingerprint
-            else:
-                clear_model_context(model)
-                fingerprint = None
-            context = {
-                "size": len(sampled),
-                "seed": context_seed,
-                "pool_size": len(pool),
-                "prompt": prompt,
-                "fingerprint": fingerprint,
-            }
+            context = _set_corpus_context(model, documents, context_size, context_seed, chosen, batch_size)
         with warnings.catch_warnings():
             if context is not None and not context["size"]:  # the null context is what was asked for
                 warnings.filterwarnings("ignore", message="No context is set", category=UserWarning)
@@ -199,4 +180,36 @@ def score_beir_folder(
         "context": context,
         "seconds": time.perf_counter() - start,
         "per_query": per_query,
+    }
+
+
+def _chosen_prefixes(prefixes: bool | None, contextual: bool) -> TaskPrefixes | None:
+    """The kit's retrieval prefixes when asked for (default: for a contextual model), else None."""
+    return TaskPrefixes() if (contextual if prefixes is None else prefixes) else None
+
+
+def _set_corpus_context(
+    model: Any,
+    documents: list[str],
+    context_size: int | None,
+    context_seed: int,
+    chosen: TaskPrefixes | None,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Give a contextual model ``context_size`` documents of the corpus (the null context for 0); what was set."""
+    size = context_sizes(model, True, "corpus", context_size)[0]
+    pool = unique_texts(documents)
+    sampled = sample_context(pool, size, context_seed) if size else []
+    prompt = chosen.for_context("Retrieval") if chosen is not None else ""
+    if sampled:
+        fingerprint = set_model_context(model, sampled, context_seed, prompt, batch_size=batch_size).fingerprint
+    else:
+        clear_model_context(model)
+        fingerprint = None
+    return {
+        "size": len(sampled),
+        "seed": context_seed,
+        "pool_size": len(pool),
+        "prompt": prompt,
+        "fingerprint": fingerprint,
     }
