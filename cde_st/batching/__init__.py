@@ -21,7 +21,7 @@ the same code:
 - :mod:`~cde_st.batching.cache`: :func:`default_cache_dir` and the on-disk cache of clusterings (and
   :func:`default_surrogate_cache_dir`, where distilled static surrogates are kept);
 - :mod:`~cde_st.batching.dataset_clustering`: :func:`cluster_dataset`, a dataset's pairs embedded and clustered
-  once, through the cache;
+  once, through the cache, as :class:`ClusteringOptions` say (the sampler's clustering options, declared once);
 - :mod:`~cde_st.batching.sampler`: :class:`ClusteredBatchSampler`, which wires them into a sentence-transformers
   batch sampler. Its ``surrogate=`` is the model that embeds the pairs for the clustering, not the model being
   trained.
@@ -29,7 +29,7 @@ the same code:
 
 from cde_st.batching.cache import default_cache_dir, default_surrogate_cache_dir
 from cde_st.batching.clustering import PairClustering, cluster_pairs, num_clusters_for
-from cde_st.batching.dataset_clustering import DatasetClustering, cluster_dataset
+from cde_st.batching.dataset_clustering import ClusteringOptions, DatasetClustering, cluster_dataset
 from cde_st.batching.hardness import in_batch_negative_similarity
 from cde_st.batching.packing import ClusterOrder, order_clusters, pack_clusters
 from cde_st.batching.sampler import ClusteredBatchSampler
@@ -44,6 +44,7 @@ from cde_st.batching.surrogate import (
 __all__ = [
     "ClusterOrder",
     "ClusteredBatchSampler",
+    "ClusteringOptions",
     "DatasetClustering",
     "PairClustering",
     "StaticSurrogate",

@@ -21,7 +21,7 @@ from sentence_transformers.base.sampler import DefaultBatchSampler
 
 from cde_st.batching.cache import default_cache_dir
 from cde_st.batching.clustering import PairClustering
-from cde_st.batching.dataset_clustering import cluster_dataset
+from cde_st.batching.dataset_clustering import ClusteringOptions, cluster_dataset
 from cde_st.batching.packing import ClusterOrder, pack_clusters
 from cde_st.batching.static_surrogate import StaticSurrogate
 from cde_st.batching.surrogate import SURROGATE_KINDS, SurrogateKind, import_model2vec
@@ -36,6 +36,87 @@ logger = logging.getLogger(__name__)
 
 # Added by the trainer to multi-dataset inputs; never a text column.
 _RESERVED_COLUMNS = ("dataset_name", "return_loss")
+
+
+def _surrogate_argument(surrogate: Any, model: Any) -> Any:
+    """``surrogate``, or ``model`` (its deprecated old name, with a ``DeprecationWarning``)."""
+    if model is None:
+        return surrogate
+    if surrogate is not None:
+        raise ValueError("Give the clustering surrogate once, as `surrogate=` (`model=` is its old name).")
+    warnings.warn(
+        "ClusteredBatchSampler(model=...) is deprecated: that argument is the clustering surrogate, not the "
+        "model being trained; use surrogate=... instead.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return model
+
+
+def _check_int(name: str, value: Any, minimum: int | None = None) -> None:
+    """A ValueError naming ``name`` unless ``value`` is an integer (not a bool), at least ``minimum`` if given."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        what = "a positive integer" if minimum == 1 else "an integer"
+        raise ValueError(f"{name} must be {what}, got {value!r}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(
+            f"{name} must be a positive integer, got {value!r}."
+            if minimum == 1
+            else f"{name} must be >= {minimum}, got {value}."
+        )
+
+
+def _checked_cluster_size(cluster_size: int | None, batch_size: int, num_rows: int) -> int:
+    """The target cluster size: ``batch_size`` (the paper's choice) by default, within [1, rows]."""
+    if num_rows == 0:
+        raise ValueError("ClusteredBatchSampler got an empty dataset: there are no pairs to cluster.")
+    if cluster_size is None:
+        cluster_size = min(batch_size, num_rows)
+    elif not isinstance(cluster_size, (int, np.integer)) or isinstance(cluster_size, bool):
+        raise ValueError(f"cluster_size must be an integer, got {cluster_size!r}.")
+    if cluster_size < 1 or cluster_size > num_rows:
+        raise ValueError(
+            f"cluster_size must be between 1 and the number of rows in the dataset ({num_rows}), got {cluster_size}."
+        )
+    return int(cluster_size)
+
+
+def _checked_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int | None]:
+    """The number of processes (default: the torch.distributed world size) and the rank to keep, if any."""
+    world_size, _ = world()
+    num_replicas = world_size if num_replicas is None else int(num_replicas)
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}.")
+    if rank is not None and not 0 <= rank < num_replicas:
+        raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}.")
+    return num_replicas, rank
+
+
+def _check_surrogate(
+    surrogate: Any,
+    surrogate_kind: Any,
+    embeddings: Any,
+    static_fit_pairs: Any,
+    static_dims: Any,
+) -> None:
+    """The surrogate options: a surrogate or embeddings (not both), a known kind, the static surrogate's sizes."""
+    if embeddings is not None and surrogate is not None:
+        raise ValueError("Give either a `surrogate` or precomputed `embeddings`, not both.")
+    if surrogate_kind not in SURROGATE_KINDS:
+        raise ValueError(f"surrogate_kind must be one of {SURROGATE_KINDS}, got {surrogate_kind!r}.")
+    _check_int("static_dims", static_dims, minimum=1)
+    _check_int("static_fit_pairs", static_fit_pairs, minimum=0)
+
+
+def _check_static_source(surrogate: Any) -> None:
+    """A static surrogate is distilled from a path (or given ready); model2vec must be installed (say so now, not
+    after reading the dataset)."""
+    if surrogate is not None and not isinstance(surrogate, (str, os.PathLike, StaticSurrogate)):
+        raise ValueError(
+            "surrogate_kind='static' distils the surrogate from a model folder or hub id: pass its path as "
+            f"surrogate= (or a StaticSurrogate), not a loaded {type(surrogate).__name__}."
+        )
+    import_model2vec()
 
 
 class ClusteredBatchSampler(DefaultBatchSampler):
@@ -172,9 +253,9 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         *,
         cluster_size: int | None = None,
         surrogate: SentenceTransformer | StaticSurrogate | str | os.PathLike | None = None,
-        surrogate_kind: SurrogateKind = "transformer",
-        static_fit_pairs: int = 4096,
-        static_dims: int = 128,
+        surrogate_kind: SurrogateKind = ClusteringOptions.surrogate_kind,
+        static_fit_pairs: int = ClusteringOptions.static_fit_pairs,
+        static_dims: int = ClusteringOptions.static_dims,
         embeddings: tuple[np.ndarray, np.ndarray] | None = None,
         query_column: str | None = None,
         document_column: str | None = None,
@@ -182,9 +263,9 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         domain_dataset: Dataset | None = None,
         domain_column: str = "domain",
         order: ClusterOrder = "greedy",
-        niter: int = 20,
-        max_points_per_centroid: int = 256,
-        encode_batch_size: int = 64,
+        niter: int = ClusteringOptions.niter,
+        max_points_per_centroid: int = ClusteringOptions.max_points_per_centroid,
+        encode_batch_size: int = ClusteringOptions.encode_batch_size,
         max_seq_length: int | None = None,
         device: str | None = None,
         use_gpu: bool | None = None,
@@ -195,18 +276,8 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         show_progress_bar: bool = True,
         model: SentenceTransformer | StaticSurrogate | str | os.PathLike | None = None,
     ) -> None:
-        if model is not None:
-            if surrogate is not None:
-                raise ValueError("Give the clustering surrogate once, as `surrogate=` (`model=` is its old name).")
-            warnings.warn(
-                "ClusteredBatchSampler(model=...) is deprecated: that argument is the clustering surrogate, not the "
-                "model being trained; use surrogate=... instead.",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            surrogate = model
-        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+        surrogate = _surrogate_argument(surrogate, model)
+        _check_int("batch_size", batch_size, minimum=1)
         super().__init__(
             dataset,
             batch_size=int(batch_size),
@@ -220,78 +291,58 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         if order not in ("greedy", "random"):
             raise ValueError(f"order must be 'greedy' or 'random', got {order!r}.")
         self.order = order
-
         num_rows = len(dataset)
-        if num_rows == 0:
-            raise ValueError("ClusteredBatchSampler got an empty dataset: there are no pairs to cluster.")
-        if cluster_size is None:
-            cluster_size = min(self.batch_size, num_rows)
-        elif not isinstance(cluster_size, (int, np.integer)) or isinstance(cluster_size, bool):
-            raise ValueError(f"cluster_size must be an integer, got {cluster_size!r}.")
-        if cluster_size < 1 or cluster_size > num_rows:
-            raise ValueError(
-                f"cluster_size must be between 1 and the number of rows in the dataset ({num_rows}), "
-                f"got {cluster_size}."
-            )
-        self.cluster_size = int(cluster_size)
-
-        world_size, _ = world()
-        self.num_replicas = world_size if num_replicas is None else int(num_replicas)
-        if self.num_replicas < 1:
-            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}.")
-        if rank is not None and not 0 <= rank < self.num_replicas:
-            raise ValueError(f"rank must be in [0, {self.num_replicas}), got {rank}.")
-        self.rank = rank
-
-        label_columns = list(valid_label_columns or DEFAULT_LABEL_COLUMNS)
+        self.cluster_size = _checked_cluster_size(cluster_size, self.batch_size, num_rows)
+        self.num_replicas, self.rank = _checked_replicas(num_replicas, rank)
         domain_values = self._resolve_domains(dataset, domains, domain_dataset, domain_column, num_rows)
-        if embeddings is not None and surrogate is not None:
-            raise ValueError("Give either a `surrogate` or precomputed `embeddings`, not both.")
-        if surrogate_kind not in SURROGATE_KINDS:
-            raise ValueError(f"surrogate_kind must be one of {SURROGATE_KINDS}, got {surrogate_kind!r}.")
-        if not isinstance(static_dims, (int, np.integer)) or isinstance(static_dims, bool) or static_dims < 1:
-            raise ValueError(f"static_dims must be a positive integer, got {static_dims!r}.")
-        if not isinstance(static_fit_pairs, (int, np.integer)) or isinstance(static_fit_pairs, bool):
-            raise ValueError(f"static_fit_pairs must be an integer, got {static_fit_pairs!r}.")
-        if static_fit_pairs < 0:
-            raise ValueError(f"static_fit_pairs must be >= 0, got {static_fit_pairs}.")
+        _check_surrogate(surrogate, surrogate_kind, embeddings, static_fit_pairs, static_dims)
         # What embeds the pairs (None: the default MiniLM); loaded only if the clustering is not cached.
         self.surrogate = surrogate
         self.surrogate_kind = "static" if isinstance(surrogate, StaticSurrogate) else surrogate_kind
         self.static_fit_pairs = int(static_fit_pairs)
         self.static_dims = int(static_dims)
         if self.surrogate_kind == "static" and embeddings is None:
-            if surrogate is not None and not isinstance(surrogate, (str, os.PathLike, StaticSurrogate)):
-                raise ValueError(
-                    "surrogate_kind='static' distils the surrogate from a model folder or hub id: pass its path as "
-                    f"surrogate= (or a StaticSurrogate), not a loaded {type(surrogate).__name__}."
-                )
-            import_model2vec()  # fail now, with what to install, rather than after reading the dataset
-        if embeddings is not None:
-            q_emb, d_emb = embeddings = tuple(np.asarray(e) for e in embeddings)
-            if q_emb.ndim != 2 or q_emb.shape != d_emb.shape or len(q_emb) != num_rows:
-                raise ValueError(
-                    f"embeddings must be two arrays of shape ({num_rows}, dim), one row per dataset row; "
-                    f"got {q_emb.shape} and {d_emb.shape}."
-                )
-            self.query_column = self.document_column = None
-            if query_column is not None or document_column is not None:
-                self._text_columns(dataset, query_column, document_column, label_columns, domain_column)
-        else:
-            self.query_column, self.document_column = self._text_columns(
-                dataset, query_column, document_column, label_columns, domain_column
-            )
-
+            _check_static_source(surrogate)
+        label_columns = list(valid_label_columns or DEFAULT_LABEL_COLUMNS)
+        embeddings = self._set_inputs(dataset, embeddings, query_column, document_column, label_columns, domain_column)
         self.cache_path: Path | None = None  # set by whichever process computes or loads the clustering
         self.timings = {"embed_s": 0.0, "cluster_s": 0.0}
-        self.clustering = self._get_clustering(
-            dataset,
+        options = self._clustering_options(
+            surrogate, niter, max_points_per_centroid, use_gpu, device, encode_batch_size, max_seq_length, cache,
+            cache_dir, show_progress_bar,
+        )  # fmt: skip
+        self.clustering = self._get_clustering(dataset, options, embeddings, domain_values)
+        self.batches = pack_clusters(
+            self.clustering.labels,
+            self.clustering.centroids,
+            self.batch_size,
+            cluster_domains=self.clustering.cluster_domains,
+            order=self.order,
+            seed=self.seed,
+        )
+        self._warned_padding = False
+
+    # ---- construction helpers ------------------------------------------------------------------------------
+
+    def _clustering_options(
+        self,
+        surrogate: Any,
+        niter: int,
+        max_points_per_centroid: int,
+        use_gpu: bool | None,
+        device: str | None,
+        encode_batch_size: int,
+        max_seq_length: int | None,
+        cache: bool,
+        cache_dir: str | os.PathLike | None,
+        show_progress_bar: bool,
+    ) -> ClusteringOptions:
+        """What :func:`cluster_dataset` is asked for: the checked options set on the sampler and the others."""
+        return ClusteringOptions(
             cluster_size=self.cluster_size,
             seed=self.seed,
             query_column=self.query_column,
             document_column=self.document_column,
-            embeddings=embeddings,
-            domains=domain_values,
             surrogate=surrogate,
             surrogate_kind=self.surrogate_kind,
             static_fit_pairs=self.static_fit_pairs,
@@ -305,17 +356,33 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             cache_dir=(Path(cache_dir) if cache_dir is not None else default_cache_dir()) if cache else None,
             show_progress_bar=show_progress_bar,
         )
-        self.batches = pack_clusters(
-            self.clustering.labels,
-            self.clustering.centroids,
-            self.batch_size,
-            cluster_domains=self.clustering.cluster_domains,
-            order=self.order,
-            seed=self.seed,
-        )
-        self._warned_padding = False
 
-    # ---- construction helpers ------------------------------------------------------------------------------
+    def _set_inputs(
+        self,
+        dataset: Dataset,
+        embeddings: tuple[np.ndarray, np.ndarray] | None,
+        query_column: str | None,
+        document_column: str | None,
+        label_columns: list[str],
+        domain_column: str,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Set the text columns (none with precomputed ``embeddings``, whose shape is checked); the embeddings."""
+        if embeddings is None:
+            self.query_column, self.document_column = self._text_columns(
+                dataset, query_column, document_column, label_columns, domain_column
+            )
+            return None
+        q_emb, d_emb = embeddings = tuple(np.asarray(e) for e in embeddings)
+        num_rows = len(dataset)
+        if q_emb.ndim != 2 or q_emb.shape != d_emb.shape or len(q_emb) != num_rows:
+            raise ValueError(
+                f"embeddings must be two arrays of shape ({num_rows}, dim), one row per dataset row; "
+                f"got {q_emb.shape} and {d_emb.shape}."
+            )
+        self.query_column = self.document_column = None
+        if query_column is not None or document_column is not None:
+            self._text_columns(dataset, query_column, document_column, label_columns, domain_column)
+        return embeddings
 
     @staticmethod
     def _resolve_domains(
@@ -390,7 +457,13 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             raise ValueError(f"query_column and document_column are both {query_column!r}.")
         return query_column, document_column
 
-    def _get_clustering(self, dataset: Dataset, **options: Any) -> PairClustering:
+    def _get_clustering(
+        self,
+        dataset: Dataset,
+        options: ClusteringOptions,
+        embeddings: tuple[np.ndarray, np.ndarray] | None,
+        domains: list[Hashable] | None,
+    ) -> PairClustering:
         """The pairs' clustering (:func:`cluster_dataset` with ``options``), the same on every rank."""
         world_size, rank = world()
         if world_size > 1:
@@ -398,17 +471,23 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             # (independent k-means runs may differ in the last bits and so in a few assignments).
             payload: list[Any] = [None]
             if rank == 0:
-                payload[0] = self._cluster(dataset, options)
+                payload[0] = self._cluster(dataset, options, embeddings, domains)
             torch.distributed.broadcast_object_list(payload, src=0)
             clustering = payload[0]
         else:
-            clustering = self._cluster(dataset, options)
+            clustering = self._cluster(dataset, options, embeddings, domains)
         if len(clustering.labels) != len(dataset):  # pragma: no cover - defensive
             raise RuntimeError("The clustering does not cover the dataset.")
         return clustering
 
-    def _cluster(self, dataset: Dataset, options: dict[str, Any]) -> PairClustering:
-        result = cluster_dataset(dataset, **options)
+    def _cluster(
+        self,
+        dataset: Dataset,
+        options: ClusteringOptions,
+        embeddings: tuple[np.ndarray, np.ndarray] | None,
+        domains: list[Hashable] | None,
+    ) -> PairClustering:
+        result = cluster_dataset(dataset, options, embeddings=embeddings, domains=domains)
         self.cache_path, self.timings = result.cache_path, result.timings
         return result.clustering
 

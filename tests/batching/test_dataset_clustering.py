@@ -66,3 +66,22 @@ def test_static_surrogate_sampler_gives_a_valid_clustering(static_root, topic_be
     for other in (dict(static_dims=4), dict(static_fit_pairs=16), dict(surrogate_kind="transformer")):
         with pytest.raises(AssertionError, match="recomputed"):
             ClusteredBatchSampler(ds, 8, False, **{**kwargs, **other})
+
+
+def test_options_are_declared_once_and_the_sampler_defaults_come_from_them(tiny_st_model, tmp_path):
+    """ClusteringOptions holds the clustering options' defaults; the sampler's signature reads them from it, and
+    cluster_dataset takes the options object or its fields as keywords (the same clustering)."""
+    import inspect
+
+    from cde_st.batching import ClusteringOptions, cluster_dataset
+
+    params = inspect.signature(ClusteredBatchSampler).parameters
+    for name in ("surrogate_kind", "static_fit_pairs", "static_dims", "niter", "max_points_per_centroid"):
+        assert params[name].default == getattr(ClusteringOptions, name), name
+    ds = pair_dataset(32)
+    common = dict(cluster_size=8, query_column="query", document_column="document", surrogate=tiny_st_model)
+    by_object = cluster_dataset(ds, ClusteringOptions(**common))
+    by_keywords = cluster_dataset(ds, **common)
+    assert (
+        by_object.cache_path is None and by_object.clustering.labels.tolist() == by_keywords.clustering.labels.tolist()
+    )
