@@ -39,24 +39,27 @@ def validate_texts(texts: Sequence[str], what: str = "context corpus") -> list[s
 
 
 # The one seed rule of the package (context samples, the clustered sampler, the eval kit, the training config): an
-# integer in [0, 2**32), the range numpy, torch and faiss all accept (their seeds are unsigned 32-bit).
+# integer in [0, 2**32), the range numpy, torch and faiss all accept (their seeds are unsigned 32-bit). The one wider
+# use: the training loss derives a 64-bit seed per batch from its content (numpy's generators take it), so
+# :func:`sample_indices` takes ``bits=64`` seeds.
 SEED_RULE = "must be an integer in [0, 2**32)"
 
 
-def is_seed(value: Any) -> bool:
-    """Whether ``value`` is a valid seed: an integer (not a bool) in [0, 2**32)."""
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and 0 <= value < 2**32
+def is_seed(value: Any, bits: int = 32) -> bool:
+    """Whether ``value`` is a valid seed: an integer (not a bool) in [0, 2**bits)."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and 0 <= value < 2**bits
 
 
-def check_seed(seed: Any, name: str = "seed") -> int:
+def check_seed(seed: Any, name: str = "seed", bits: int = 32) -> int:
     """``seed`` as an int if it is a valid seed (:func:`is_seed`), else a ValueError naming ``name``.
 
     Example:
         >>> check_seed(7)
         7
     """
-    if not is_seed(seed):
-        raise ValueError(f"{name} {SEED_RULE}, got {seed!r}.")
+    if not is_seed(seed, bits):
+        rule = SEED_RULE if bits == 32 else f"must be an integer in [0, 2**{bits})"
+        raise ValueError(f"{name} {rule}, got {seed!r}.")
     return int(seed)
 
 
@@ -64,13 +67,14 @@ def sample_indices(n: int, size: int, seed: int = 0) -> np.ndarray:
     """Pick ``size`` indices from ``range(n)``: seeded, without replacement; tiled only when ``n < size``.
 
     Tiling repeats every document as evenly as possible (each appears ``size // n`` or ``size // n + 1`` times),
-    so a small corpus is represented uniformly rather than by a random subset with duplicates.
+    so a small corpus is represented uniformly rather than by a random subset with duplicates. ``seed``: an integer
+    in [0, 2**64) (the training loss derives 64-bit seeds from batch content).
     """
     if n <= 0:
         raise ValueError("Cannot sample a context from an empty corpus.")
     if size < 0:
         raise ValueError(f"Context size must be >= 0, got {size}.")
-    rng = np.random.default_rng(check_seed(seed))
+    rng = np.random.default_rng(check_seed(seed, bits=64))
     if size <= n:
         return np.sort(rng.choice(n, size=size, replace=False))
     reps, rest = divmod(size, n)

@@ -92,3 +92,9 @@ def test_one_seed_rule_refuses_what_numpy_torch_or_faiss_would_misread_naming_th
 
 def test_one_seed_rule_accepts_numpy_integers_and_the_bounds():
     assert [check_seed(s) for s in (0, np.int64(5), 2**32 - 1)] == [0, 5, 2**32 - 1]
+
+
+def test_sample_indices_takes_the_64_bit_seeds_the_training_loss_derives():
+    assert len(sample_indices(10, 3, seed=2**64 - 1)) == 3
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*64\)"):
+        sample_indices(10, 3, seed=2**64)
