@@ -167,12 +167,12 @@ def train_one(cfg, pairs, deadline: float, stop_at: int | None) -> tuple[object,
 
     from cde_st.training.run import (
         MainProcessSavingTrainer,
-        _bf16,
         build_batch_sampler,
         build_loss,
         build_model,
         build_optimizer,
         resolved_prompts,
+        use_bf16,
     )
 
     class Guard(TrainerCallback):
@@ -214,7 +214,7 @@ def train_one(cfg, pairs, deadline: float, stop_at: int | None) -> tuple[object,
         num_train_epochs=cfg.num_train_epochs,
         max_steps=cfg.max_steps,
         weight_decay=cfg.weight_decay,
-        bf16=_bf16(cfg),
+        bf16=use_bf16(cfg),
         seed=cfg.seed,
         batch_sampler=sampler,
         prompts={"query": prompts["query"], "document": prompts["document"]},

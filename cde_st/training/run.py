@@ -110,7 +110,8 @@ def build_model(cfg: TrainConfig) -> SentenceTransformer:
 
 
 # ------------------------------------------------------------------------------------------- loss, batches, ...
-def _bf16(cfg: TrainConfig) -> bool:
+def use_bf16(cfg: TrainConfig) -> bool:
+    """Whether the run trains in bf16: the config's ``bf16``, where ``"auto"`` means a CUDA device that supports it."""
     if cfg.bf16 == "auto":
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     return bool(cfg.bf16)
@@ -362,7 +363,7 @@ def _training_arguments(
         num_train_epochs=cfg.num_train_epochs,
         max_steps=cfg.max_steps,
         weight_decay=cfg.weight_decay,
-        bf16=_bf16(cfg),
+        bf16=use_bf16(cfg),
         seed=cfg.seed,
         batch_sampler=build_batch_sampler(cfg, pairs),
         prompts={"query": prompts["query"], "document": prompts["document"]} if any(prompts.values()) else None,
