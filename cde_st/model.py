@@ -98,7 +98,7 @@ def context_prompt(model: torch.nn.Module) -> str:
     """The prompt context documents get: the one the model encodes documents with, ``model.prompts["document"]``
     ("" if it has none; the module's own prompt for a module outside a model). Every route
     (``ContextualSentenceTransformer.set_context``, :func:`set_context`, ``model[0].set_context``) reads it from the
-    module, which reads its model's prompts (:mod:`cde_st.modules.owner_prompts`)."""
+    module, which reads its model's prompts (:mod:`cde_st.modules.model_prompts`)."""
     return contextual_module(model).document_prompt
 
 

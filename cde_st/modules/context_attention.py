@@ -1,4 +1,4 @@
-"""How the second stage's text reads the context: one dispatch (:meth:`ContextAttention._attend`) over two paths.
+"""How the second stage's text reads the context: :func:`encode_with_context`, one dispatch over two paths.
 
 - **joint** (``context_attention="joint"`` without a gate: the paper, and the released cde-small-v1/v2 modes; also
   any mode with no prefix row): ``[prefix ; text]`` runs through the HF encoder's own layers
@@ -9,121 +9,185 @@
   attention (:meth:`~cde_st.modules.backbone.BackboneAdapter.encode_split`, reusing every weight of the pretrained
   layers), always through :func:`torch.nn.functional.scaled_dot_product_attention` whatever
   ``attn_implementation`` says. In cached mode the prefix rows attend only to each other, so their per-layer keys
-  and values are computed once per context and kept (:meth:`ContextAttention._cached_states`) while the prefix
-  and the second-stage weights stay the same.
+  and values are computed once per context and kept (:class:`ContextKVCache`) while the prefix and the
+  second-stage weights stay the same.
 
-The prefix is ``[context slots ; soft prompt]``; ``context_mask`` (per row, which context vectors it may read)
-becomes a mask over every prefix slot (:meth:`ContextAttention._prefix_mask`).
+The prefix is ``[context slots ; soft prompt]`` (:func:`context_slots`: the context null-padded or tiled to J
+slots); ``context_mask`` (per row, which context vectors it may read) becomes a mask over every prefix slot
+(:func:`prefix_mask`). Everything here gets what it reads as arguments: the module calls it, it never calls back.
+
+Example:
+    >>> text = encode_with_context(                                                    # doctest: +SKIP
+    ...     features, vectors, None, adapter=module.second_adapter, backbone=module.second_stage,
+    ...     config=module.config, null_vector=module.null_vector, soft_prompt=None, gates=None,
+    ...     cache=ContextKVCache(), training=False, reusable=True)                      # (B, L, d)
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from cde_st.modules.backbone import NO_POSITION
+from cde_st.context import sample_indices
+from cde_st.modules.backbone import NO_POSITION, BackboneAdapter
 from cde_st.modules.context_state import values_fingerprint
+from cde_st.modules.contextual_config import ContextualConfig
 
 
-class ContextAttention:
-    """The second stage's context attention of :class:`~cde_st.modules.ContextualTransformer` (a mixin: it uses
-    the module's second stage and adapter, ``gates``, ``context_layers`` and the attention fields of its config)."""
+def tile_index(n: int, context_size: int, device) -> torch.Tensor:
+    """Which of n given vectors fills each of the J slots under ``context_padding="tile"``: the same even
+    repetition set_context uses for a small corpus."""
+    return torch.as_tensor(sample_indices(n, context_size, seed=0), device=device)
 
-    def _init_context_attention(self) -> None:
-        # Cached mode, inference: (prefix rows, fingerprint of the second stage, per-layer keys/values). Reused only
-        # for an equal prefix and (checked once per encode call, see _check_weights) unchanged second-stage weights.
-        self._context_cache: tuple[torch.Tensor, torch.Tensor, list] | None = None
-        self._register_load_state_dict_pre_hook(self._drop_context_cache)  # new weights: the cache is stale
 
-    def _attend(
+def context_slots(
+    vectors: torch.Tensor, null_vector: torch.Tensor, config: ContextualConfig, training: bool
+) -> torch.Tensor:
+    """(J', d) context vectors -> the (J, d) slots the second stage sees: null-padded (or tiled, ``context_padding``),
+    with sequence dropout while ``training``. ``null_vector`` (d,) in the vectors' dtype."""
+    n_missing = config.context_size - vectors.shape[0]
+    if n_missing > 0 and config.context_padding == "tile" and len(vectors):
+        vectors = vectors[tile_index(len(vectors), config.context_size, vectors.device)]
+    elif n_missing > 0:
+        vectors = torch.cat([vectors, null_vector.expand(n_missing, -1)])
+    if training and config.sequence_dropout > 0 and config.context_size > 0:
+        drop = torch.rand(vectors.shape[0], device=vectors.device) < config.sequence_dropout
+        vectors = torch.where(drop.unsqueeze(-1), null_vector.expand_as(vectors), vectors)
+    return vectors
+
+
+def prefix_mask(
+    context_mask: torch.Tensor, num_given: int, batch: int, num_prefix: int, config: ContextualConfig, device
+) -> torch.Tensor:
+    """(B, J') per-row visibility of the given context vectors -> (B, P) visibility of every prefix slot:
+    null-padding and soft-prompt slots are always visible, tiled slots follow the vector they repeat."""
+    if context_mask.dim() != 2 or tuple(context_mask.shape) != (batch, num_given):
+        raise ValueError(
+            f"context_mask must be (batch, context vectors) = ({batch}, {num_given}), got {tuple(context_mask.shape)}."
+        )
+    mask = context_mask.to(device=device, dtype=torch.bool)
+    if num_given < config.context_size and config.context_padding == "tile" and num_given:
+        mask = mask[:, tile_index(num_given, config.context_size, device)]
+    return torch.cat([mask, mask.new_ones(batch, num_prefix - mask.shape[1])], dim=1)
+
+
+def position_ids(config: ContextualConfig, num_ctx: int, num_prefix: int, text_length: int, device) -> torch.Tensor:
+    """One rotary position per row of [context ; soft prompt ; text] (NO_POSITION: no rotation)."""
+    if config.prefix_positions == "none":
+        prefix = torch.full((num_prefix,), NO_POSITION, dtype=torch.long, device=device)
+        return torch.cat([prefix, torch.arange(text_length, device=device)])
+    positions = torch.arange(num_prefix + text_length, device=device)
+    if config.prefix_positions == "sequence_except_context":
+        positions[:num_ctx] = NO_POSITION
+    return positions
+
+
+def encode_with_context(
+    features: dict[str, torch.Tensor],
+    vectors: torch.Tensor,
+    context_mask: torch.Tensor | None,
+    *,
+    adapter: BackboneAdapter,
+    backbone: nn.Module,
+    config: ContextualConfig,
+    null_vector: torch.Tensor,
+    soft_prompt: nn.Module | None,
+    gates: torch.Tensor | None,
+    cache: ContextKVCache,
+    training: bool,
+    reusable: bool,
+    verify_cache: bool = False,
+) -> torch.Tensor:
+    """The second stage: (B, L) ids of ``features`` read (J', d) context ``vectors`` -> (B, L, d) text states.
+
+    ``context_mask`` (B, J') or None: which vectors each row may read. ``reusable``: the vectors are the active
+    context and nothing needs their gradient (``cache`` may keep and reuse the prefix's keys/values).
+    ``verify_cache``: first drop the cached keys/values if the second stage changed since they were computed (the
+    module asks once per encode call, with its weights check)."""
+    if verify_cache:
+        cache.drop_if_stale(backbone)
+    input_ids, attention_mask = features["input_ids"], features["attention_mask"]
+    if config.embed_joint_sequence:
+        text = adapter.embed_tokens_unnormalised(backbone, input_ids)
+    else:
+        text = adapter.embed_tokens(backbone, input_ids, features.get("token_type_ids"))
+    prefix = context_slots(vectors.to(text.dtype), null_vector.to(text.dtype), config, training)  # (J, d)
+    num_ctx = prefix.shape[0]
+    if soft_prompt is not None:
+        prefix = torch.cat([prefix, soft_prompt().to(text.dtype)])  # (J + n_prompt, d)
+    visible = None
+    if context_mask is not None:
+        visible = prefix_mask(
+            context_mask, len(vectors), input_ids.shape[0], prefix.shape[0], config, null_vector.device
+        )
+    batch, num_prefix = text.shape[0], prefix.shape[0]
+    if config.split_attention and num_prefix > 0:
+        cached = None
+        if config.context_attention == "cached":
+            # Reused only without autograd: a differentiable forward needs the graph through the prefix rows.
+            reuse = reusable and not torch.is_grad_enabled()
+            cached = cache.states(prefix, adapter, backbone, config.context_layers, reuse)
+        return adapter.encode_split(
+            backbone, prefix, text, attention_mask, cached, gates, config.context_layers, visible
+        )
+    # joint attention; also the split modes with no prefix row (J = 0), which then read no context
+    hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, P + L, d)
+    if config.embed_joint_sequence:
+        hidden = adapter.embed_sequence(backbone, hidden)
+    if visible is None:
+        visible = attention_mask.new_ones(batch, num_prefix)
+    joint_mask = torch.cat([visible.to(attention_mask.dtype), attention_mask], dim=1)
+    positions = position_ids(config, num_ctx, num_prefix, text.shape[1], text.device)
+    out = adapter.encode(backbone, hidden, joint_mask, positions, num_prefix, config.local_attention_scope)
+    return out[:, num_prefix:]
+
+
+def second_stage_fingerprint(backbone: nn.Module) -> torch.Tensor:
+    """:func:`~cde_st.modules.context_state.values_fingerprint` of the second-stage weights behind cached
+    keys/values (its layers; the input-embedding table is not used by the prefix rows)."""
+    table = backbone.get_input_embeddings().weight
+    return values_fingerprint([p for p in backbone.parameters() if p is not table])
+
+
+class ContextKVCache:
+    """Cached mode, inference: the prefix rows' per-layer keys/values, kept with the prefix and a fingerprint of the
+    second stage they were computed with. Reused only for an equal prefix and (checked by the module once per
+    encode call: :meth:`drop_if_stale`) unchanged second-stage weights."""
+
+    def __init__(self) -> None:
+        self.entry: tuple[torch.Tensor, torch.Tensor, list] | None = None
+
+    def states(
         self,
         prefix: torch.Tensor,
-        num_ctx: int,
-        text: torch.Tensor,
-        attention_mask: torch.Tensor,
-        prefix_mask: torch.Tensor | None,
+        adapter: BackboneAdapter,
+        backbone: nn.Module,
+        layers: list[int] | None,
         reusable: bool,
-    ) -> torch.Tensor:
-        """Encode (B, L, d) text embeddings against the (P, d) prefix (``num_ctx`` context slots, then the soft
-        prompt) -> (B, L, d) text states. ``prefix_mask`` (B, P) or None: which prefix rows each text may read.
-        ``reusable``: the prefix is the active context and nothing needs its gradient (cached keys/values may be
-        kept and reused)."""
-        adapter, backbone = self.second_adapter, self.second_stage
-        batch, num_prefix = text.shape[0], prefix.shape[0]
-        if self.config.split_attention and num_prefix > 0:
-            cached = None
-            if self.context_attention == "cached":
-                # Reused only without autograd: a differentiable forward needs the graph through the prefix rows.
-                cached = self._cached_states(prefix, reusable=reusable and not torch.is_grad_enabled())
-            return adapter.encode_split(
-                backbone, prefix, text, attention_mask, cached, self.gates, self.context_layers, prefix_mask
-            )
-        # joint attention; also the split modes with no prefix row (J = 0), which then read no context
-        hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, P + L, d)
-        if self.embed_joint_sequence:
-            hidden = adapter.embed_sequence(backbone, hidden)
-        if prefix_mask is None:
-            prefix_mask = attention_mask.new_ones(batch, num_prefix)
-        joint_mask = torch.cat([prefix_mask.to(attention_mask.dtype), attention_mask], dim=1)
-        positions = self._position_ids(num_ctx, num_prefix, text.shape[1], text.device)
-        out = adapter.encode(backbone, hidden, joint_mask, positions, num_prefix, self.local_attention_scope)
-        return out[:, num_prefix:]
-
-    def _prefix_mask(self, context_mask: torch.Tensor, num_given: int, batch: int, num_prefix: int) -> torch.Tensor:
-        """(B, J') per-row visibility of the given context vectors -> (B, P) visibility of every prefix slot:
-        null-padding and soft-prompt slots are always visible, tiled slots follow the vector they repeat."""
-        if context_mask.dim() != 2 or tuple(context_mask.shape) != (batch, num_given):
-            raise ValueError(
-                f"context_mask must be (batch, context vectors) = ({batch}, {num_given}), "
-                f"got {tuple(context_mask.shape)}."
-            )
-        mask = context_mask.to(device=self.device, dtype=torch.bool)
-        if num_given < self.context_size and self.context_padding == "tile" and num_given:
-            mask = mask[:, self._tile_index(num_given)]
-        return torch.cat([mask, mask.new_ones(batch, num_prefix - mask.shape[1])], dim=1)
-
-    def _position_ids(self, num_ctx: int, num_prefix: int, text_length: int, device) -> torch.Tensor:
-        """One rotary position per row of [context ; soft prompt ; text] (NO_POSITION: no rotation)."""
-        if self.prefix_positions == "none":
-            prefix = torch.full((num_prefix,), NO_POSITION, dtype=torch.long, device=device)
-            return torch.cat([prefix, torch.arange(text_length, device=device)])
-        positions = torch.arange(num_prefix + text_length, device=device)
-        if self.prefix_positions == "sequence_except_context":
-            positions[:num_ctx] = NO_POSITION
-        return positions
-
-    # ------------------------------------------------------------------ the cached keys/values
-    def _cached_states(self, prefix: torch.Tensor, reusable: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The prefix's per-layer keys/values (cached mode); kept while the prefix rows (context vectors, null
-        vector, soft prompt) stay equal and the second stage unchanged (:meth:`_check_weights`)."""
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The (P, d) prefix's keys/values in every layer; computed anew unless ``reusable`` (then kept)."""
         if not reusable:
-            return self.second_adapter.context_states(self.second_stage, prefix, self.context_layers)
-        cache = self._context_cache
+            return adapter.context_states(backbone, prefix, layers)
+        entry = self.entry
         # An exact comparison of the (P, d) prefix per batch: cheap next to the batch, and it sees every edit.
-        stale = cache is None or (cache[0].dtype, cache[0].device) != (prefix.dtype, prefix.device)
-        if stale or not torch.equal(cache[0], prefix):
+        stale = entry is None or (entry[0].dtype, entry[0].device) != (prefix.dtype, prefix.device)
+        if stale or not torch.equal(entry[0], prefix):
             with torch.no_grad():
-                states = self.second_adapter.context_states(self.second_stage, prefix, self.context_layers)
-                self._context_cache = (prefix.detach().clone(), self._second_stage_fingerprint(), states)
-        return self._context_cache[2]
+                states = adapter.context_states(backbone, prefix, layers)
+                self.entry = (prefix.detach().clone(), second_stage_fingerprint(backbone), states)
+        return self.entry[2]
 
-    def _second_stage_fingerprint(self) -> torch.Tensor:
-        """:func:`~cde_st.modules.context_state.values_fingerprint` of the second-stage weights behind the cached
-        keys/values (its layers; the input-embedding table is not used by the prefix rows)."""
-        table = self.second_stage.get_input_embeddings().weight
-        return values_fingerprint([p for p in self.second_stage.parameters() if p is not table])
+    def drop_if_stale(self, backbone: nn.Module) -> None:
+        """Drop the keys/values if ``backbone``'s weights changed since they were computed."""
+        if self.entry is not None and not torch.equal(self.entry[1], second_stage_fingerprint(backbone)):
+            self.drop()
 
-    def _drop_stale_context_cache(self) -> None:
-        """Drop the cached keys/values if the second-stage weights changed since they were computed."""
-        if self._context_cache is not None and not torch.equal(
-            self._context_cache[1], self._second_stage_fingerprint()
-        ):
-            self._drop_context_cache()
+    def drop(self, *args, **kwargs) -> None:
+        """Forget the keys/values (the arguments of a load_state_dict pre-hook are ignored)."""
+        self.entry = None
 
-    def _drop_context_cache(self, *args, **kwargs) -> None:
-        self._context_cache = None
-
-    def context_cache_bytes(self) -> int:
-        """Memory held by the cached keys/values of the active context (0 when nothing is cached)."""
-        if self._context_cache is None:
+    def nbytes(self) -> int:
+        """Memory held by the keys/values (0 when nothing is cached)."""
+        if self.entry is None:
             return 0
-        return sum(t.numel() * t.element_size() for kv in self._context_cache[2] if kv is not None for t in kv)
+        return sum(t.numel() * t.element_size() for kv in self.entry[2] if kv is not None for t in kv)

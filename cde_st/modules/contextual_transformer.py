@@ -8,18 +8,25 @@ The context rows enter after the embedding layer, so they have no position: the 
 vector fills empty slots (fewer than J documents, sequence dropout, or no context at all).
 
 This file is the module itself, top to bottom: construction from a :class:`ContextualConfig`, prompts,
-tokenisation, the first stage, the second stage's forward, save/load. Its collaborators each have their own file:
-the settings and their rules (``contextual_config.py``), the context lifecycle (``context_state.py``), the text's
-attention over the context (``context_attention.py``), the backbone families (``backbone.py``), the folder
-integrity checks (``integrity.py``) and what a source encoder's folder does (``source_pipeline.py``).
+tokenisation, the first stage, the context lifecycle, the second stage's forward, save/load. It owns three
+objects and calls each with what it needs; none of them calls back: the active context (``context_state.py``,
+:class:`ActiveContext`), the cached context keys/values (``context_attention.py``, :class:`ContextKVCache`, beside
+the text's attention over the context) and the prompts read through the model that holds the module
+(``model_prompts.py``, :class:`ModelPrompts`). Its other collaborators: the settings and their rules
+(``contextual_config.py``), the backbone families (``backbone.py``), the folder integrity checks
+(``integrity.py``) and what a source encoder's folder does (``source_pipeline.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -31,11 +38,26 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from cde_st.context import validate_texts
+from cde_st.context import (
+    ContextInfo,
+    check_seed,
+    context_documents,
+    fingerprint_array,
+    fingerprint_texts,
+    sample_context,
+    validate_texts,
+)
 from cde_st.modules.backbone import get_adapter
 from cde_st.modules.caller import caller_stacklevel
-from cde_st.modules.context_attention import ContextAttention
-from cde_st.modules.context_state import CONTEXT_FILE, ContextState
+from cde_st.modules.context_attention import ContextKVCache, encode_with_context
+from cde_st.modules.context_state import (
+    CONTEXT_FILE,
+    ActiveContext,
+    first_stage_fingerprint,
+    read_context_file,
+    validate_context_vectors,
+    values_fingerprint,
+)
 from cde_st.modules.contextual_config import (
     CONFIG_FILE,
     ContextualConfig,
@@ -57,26 +79,37 @@ from cde_st.modules.integrity import (
     write_manifest,
 )
 from cde_st.modules.loading_options import check_backend, resolve_dtype, split_model_kwargs
-from cde_st.modules.owner_prompts import OwnerPrompts
+from cde_st.modules.model_prompts import ModelPrompts
 from cde_st.modules.source_pipeline import SourcePipeline, read_source_pipeline
 
-# What ContextualTransformer.from_encoder builds unless told otherwise: the `mini` training preset's recipe
-# (cde_st/training/presets/mini.yaml; docs/experiment_log.md, issues 11-12), which starts as its source encoder. ContextualConfig's own
-# defaults (joint attention, heads) stay those of the paper, so folders saved without these fields load unchanged.
-SOURCE_START: dict[str, Any] = {
+logger = logging.getLogger(__name__)
+
+#: The recipe a model built by :meth:`ContextualTransformer.from_encoder` starts with unless told otherwise: an
+#: untrained model that is exactly its source encoder whatever the context (cached context read through a
+#: zero-initialised gate, no added heads). This is the one home of the recipe; the ``mini`` training preset
+#: (``cde_st/training/presets/mini.yaml``) writes the same fields out so that a run's config records them, and
+#: ``tests/training/test_config.py`` checks that the two agree. ContextualConfig's own defaults (joint attention,
+#: heads) stay those of the paper, so folders saved without these fields load unchanged.
+STARTS_AS_SOURCE: dict[str, Any] = {
     "context_attention": "cached",
     "context_gate": True,
     "output_head": "none",
     "first_stage_head": "none",
 }
-SOURCE_START_READING_LAYERS = 3  # the top 3 second-stage layers read the context (MiniLM: [3, 4, 5])
+#: With :data:`STARTS_AS_SOURCE`, this many top second-stage layers read the context (MiniLM's 6: [3, 4, 5]).
+STARTS_AS_SOURCE_READING_LAYERS = 3
+
+
+def starts_as_source_layers(num_layers: int) -> list[int]:
+    """The ``context_layers`` of :data:`STARTS_AS_SOURCE` for a second stage of ``num_layers`` layers."""
+    return list(range(max(0, num_layers - STARTS_AS_SOURCE_READING_LAYERS), num_layers))
 
 
 def _config_field(name: str) -> property:
     return property(lambda self: getattr(self.config, name), doc=f"``config.{name}`` (see ContextualConfig).")
 
 
-class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputModule):
+class ContextualTransformer(InputModule):
     """Two-stage contextual encoder (CDE, Morris & Rush, ICLR 2025) as a sentence-transformers input module.
 
     Args:
@@ -135,9 +168,8 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
         self.first_adapter = get_adapter(self.first_stage.config.model_type)
         self.second_adapter = get_adapter(self.second_stage.config.model_type)
         # Explicit prompts, kept only until the module joins a model (then they seed model.prompts: on_model_ready).
-        self._prompts = {
-            name: value for name, value in (("query", query_prompt), ("document", document_prompt)) if value is not None
-        }
+        explicit = (("query", query_prompt), ("document", document_prompt))
+        self._model_prompts = ModelPrompts({name: value for name, value in explicit if value is not None})
         self._instruction_token_id = None
         if config.pool_skip_instruction is not None:
             ids = tokenizer.encode(config.pool_skip_instruction, add_special_tokens=False)
@@ -145,8 +177,17 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
                 raise ValueError(f"pool_skip_instruction={config.pool_skip_instruction!r} tokenises to nothing.")
             self._instruction_token_id = ids[0]
         self._build_added_parameters()
-        self._init_context_attention()
-        self._init_context_state()
+        # The active context: (J', d2) first-stage vectors, J' <= context_size, and what they came from. Not in the
+        # weights file (its size varies); saved beside it as context.safetensors.
+        self.active_context = ActiveContext()
+        self.context_cache = ContextKVCache()
+        self._register_load_state_dict_pre_hook(self.context_cache.drop)  # new weights: the cache is stale
+        self._warned_null_context = False
+        self._weights_check_due = True  # set by eval() (once per encode call): compare fingerprints before use
+        self._weights_key: tuple | None = None  # (parameters, their (storage, version)) at the last check
+        # Depth of one_weights_check() scopes (an encode call): inside one, the batches after the first trust the
+        # parameters' version counters; outside, every forward compares the weights' values.
+        self._one_check_depth = 0
         self._prompt_length_cache: dict[str, int] = {}
 
     def _build_added_parameters(self) -> None:
@@ -195,18 +236,17 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
         ``source``: the :func:`read_source_pipeline` of ``name_or_path`` when the caller has already read it.
 
         Unless ``fields`` names ``context_attention`` (or a released-compatibility field), the model starts as its
-        source: the recipe of the ``mini`` training preset (:data:`SOURCE_START`: cached context read through a
-        zero-initialised gate by the top three second-stage layers, no added heads), so untrained it gives the
-        encoder's embeddings whatever the context. ``context_attention="joint"`` gives the paper's joint attention
-        with :class:`ContextualConfig`'s defaults (an untrained model then mixes the context into every text:
-        issue 23). Any field given wins over these defaults.
+        source (:data:`STARTS_AS_SOURCE`: cached context read through a zero-initialised gate by the top three
+        second-stage layers, no added heads), so untrained it gives the encoder's embeddings whatever the context.
+        ``context_attention="joint"`` gives the paper's joint attention with :class:`ContextualConfig`'s defaults
+        (an untrained model then mixes the context into every text). Any field given wins over these defaults.
         """
         source = read_source_pipeline(name_or_path) if source is None else source
         start_as_source = "context_attention" not in fields and not (
             fields.get("embed_joint_sequence") or fields.get("prefix_positions", "none") != "none"
         )
         if start_as_source:
-            fields = {**SOURCE_START, **fields}
+            fields = {**STARTS_AS_SOURCE, **fields}
         if source.pooling_mode != "mean":
             warnings.warn(
                 f"{name_or_path!r} pools with {source.pooling_mode!r}; the contextual model mean-pools its second "
@@ -216,8 +256,7 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
             )
         first, second, tokenizer = load_pretrained_pair(source.model_dir, fields.get("attn_implementation", "auto"))
         if start_as_source and "context_layers" not in fields:
-            num_layers = second.config.num_hidden_layers
-            fields["context_layers"] = list(range(max(0, num_layers - SOURCE_START_READING_LAYERS), num_layers))
+            fields["context_layers"] = starts_as_source_layers(second.config.num_hidden_layers)
         if "max_seq_length" not in fields:
             model_max = getattr(tokenizer, "model_max_length", 512) or 512
             limit = position_limit(second) or 512
@@ -293,6 +332,25 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
         context gates, soft prompt): new, so an optimiser may give them their own learning rate."""
         return [(n, p) for n, p in self.named_parameters() if not n.startswith(("first_stage.", "second_stage."))]
 
+    # ------------------------------------------------------------------ prompts
+    @property
+    def query_prompt(self) -> str:
+        """The prompt queries are embedded with (``model.prompts["query"]`` inside a model)."""
+        return self._model_prompts.get("query", self)
+
+    @query_prompt.setter
+    def query_prompt(self, value: str) -> None:
+        self._model_prompts.set("query", value, self)
+
+    @property
+    def document_prompt(self) -> str:
+        """The prompt documents and the context documents are embedded with (``model.prompts["document"]``)."""
+        return self._model_prompts.get("document", self)
+
+    @document_prompt.setter
+    def document_prompt(self, value: str) -> None:
+        self._model_prompts.set("document", value, self)
+
     # ------------------------------------------------------------------ tokenisation
     def _tokenize(self, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
         return dict(
@@ -350,6 +408,208 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
         vectors = torch.cat(chunks)
         return vectors[torch.as_tensor(np.argsort(order), device=vectors.device)]
 
+    # ------------------------------------------------------------------ the active context
+    @property
+    def context_vectors(self) -> torch.Tensor | None:
+        """The active context's (J', d2) first-stage vectors (None: no context)."""
+        return self.active_context.vectors
+
+    @property
+    def context_info(self) -> ContextInfo | None:
+        """What the active context is (size, seed, fingerprint, ...; None: no context)."""
+        return self.active_context.info
+
+    def embed_context(
+        self,
+        corpus: Sequence[str],
+        seed: int = 0,
+        prompt: str | None = None,
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+    ) -> tuple[torch.Tensor, ContextInfo]:
+        """Sample J documents of ``corpus`` (seeded), prefix them, and embed them with the first stage."""
+        vectors, info, _ = self._embed_corpus(corpus, seed, prompt, batch_size, show_progress_bar)
+        return vectors, info
+
+    def _embed_corpus(self, corpus, seed, prompt, batch_size, show_progress_bar):
+        """:meth:`embed_context`, plus the sampled (prompted) documents, which set_context keeps."""
+        corpus = context_documents(corpus)  # the corpus as a set of documents, the rule of every route
+        prompt = self.document_prompt if prompt is None else prompt
+        # Position-free context rows (ours) read a set; cde-small-v2's rotary context rows read an order.
+        keep_order = self.prefix_positions == "sequence"
+        sampled = [prompt + t for t in sample_context(corpus, self.context_size, seed, keep_order=keep_order)]
+        vectors = self.embed_context_texts(sampled, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        info = ContextInfo(
+            size=len(sampled),
+            seed=seed,
+            fingerprint=fingerprint_texts(sampled),
+            source="texts",
+            prompt=prompt,
+            corpus_size=len(corpus),
+        )
+        return vectors, info, sampled
+
+    def set_context(
+        self,
+        context: Sequence[str] | torch.Tensor | np.ndarray,
+        seed: int = 0,
+        prompt: str | None = None,
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+    ) -> ContextInfo:
+        """Make ``context`` the active context: corpus texts (sampled, prefixed, embedded once) or precomputed
+        first-stage vectors of shape (n, hidden_size) with n <= context_size. Returns the :class:`ContextInfo`.
+
+        The sample depends only on the corpus as a set of documents, ``context_size`` and ``seed`` (a non-negative
+        int), not on the corpus order nor on repeats: a repeated document counts once, blank documents are dropped,
+        a mapping (``{id: text}``) gives its texts (see :func:`cde_st.context.context_documents`; an architecture
+        whose context rows carry positions, cde-small-v2, gets the chosen documents in corpus order). A numpy array
+        of strings counts as texts; vectors that require grad are used detached. The context stays current: if the
+        weights it was embedded with change (training, an optimizer step, ``load_state_dict``, ``param.data = ...``),
+        the next encode or :meth:`save` re-embeds the same documents."""
+        if context is None:
+            raise TypeError(
+                "set_context: context is None. Give corpus texts (a list of strings) or first-stage vectors of "
+                f"shape (n, {self.hidden_size}); to remove the active context, call clear_context()."
+            )
+        if isinstance(context, np.ndarray) and context.dtype.kind in "USO":
+            context = context.tolist()  # strings (or objects, checked as texts)
+        if isinstance(context, (torch.Tensor, np.ndarray)):
+            vectors = self.validate_context_vectors(context).detach()
+            info = ContextInfo(
+                size=len(vectors), seed=None, fingerprint=fingerprint_array(vectors.cpu().numpy()), source="vectors"
+            )
+            texts = None
+        else:
+            vectors, info, texts = self._embed_corpus(context, check_seed(seed), prompt, batch_size, show_progress_bar)
+        self._activate_context(vectors, info, texts)
+        return info
+
+    def _activate_context(
+        self,
+        vectors: torch.Tensor | None,
+        info: ContextInfo | None,
+        texts: list[str] | None,
+        weights: torch.Tensor | None = None,
+    ) -> None:
+        """The one place the active context changes (None: no context). ``texts``: the prompted documents the
+        vectors were embedded from, kept to re-embed them if the first stage changes. ``weights``: the first-stage
+        fingerprint the vectors belong to (None: the current weights, i.e. the vectors were just computed)."""
+        token_ids = torch.unique(self.preprocess_context(texts)["input_ids"]).to(self.device) if texts else None
+        if vectors is not None and weights is None:
+            weights = first_stage_fingerprint(self.first_stage, self.context_head, token_ids)
+        self.active_context.replace(vectors, info, texts, token_ids, weights, self.device)
+        self.context_cache.drop()  # the keys/values of the previous context
+
+    def context_snapshot(self) -> tuple:
+        """The active context as an opaque value for :meth:`restore_context` (to set a context temporarily). It
+        remembers which first-stage weights the vectors came from, so restoring it after the weights changed
+        re-embeds them at the next use instead of passing them off as current."""
+        return self.active_context.snapshot()
+
+    def restore_context(self, snapshot: tuple) -> None:
+        """Make a :meth:`context_snapshot` the active context again."""
+        vectors, info, texts, weights = snapshot
+        self._activate_context(vectors, info, texts, weights=weights)
+
+    def clear_context(self) -> None:
+        """Forget the active context: encoding falls back to the null context (with a warning)."""
+        self._activate_context(None, None, None)
+        self._warned_null_context = False
+
+    def validate_context_vectors(self, vectors: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Check precomputed first-stage vectors: 2-D, width hidden_size, at most context_size rows, finite
+        (:func:`~cde_st.modules.context_state.validate_context_vectors`)."""
+        return validate_context_vectors(vectors, self.hidden_size, self.context_size)
+
+    def warn_null_context(self, stacklevel: int | None = None) -> None:
+        """Warn (once until a context is set) that encoding uses the null context."""
+        if self.context_size > 0 and not self._warned_null_context:
+            warnings.warn(
+                "No context is set: encoding with the null context (the model then acts as a plain bi-encoder). "
+                "Call model.set_context(corpus_texts) first, or pass context_vectors=.",
+                UserWarning,
+                stacklevel=caller_stacklevel() if stacklevel is None else stacklevel,
+            )
+            self._warned_null_context = True
+
+    def context_cache_bytes(self) -> int:
+        """Memory held by the cached keys/values of the active context (0 when nothing is cached)."""
+        return self.context_cache.nbytes()
+
+    # ------------------------------------------------------------------ keeping the context current
+    def _first_stage_fingerprint(self, token_ids: torch.Tensor | None) -> torch.Tensor:
+        return first_stage_fingerprint(self.first_stage, self.context_head, token_ids)
+
+    def refresh_context(self) -> bool:
+        """Recompute the active context if the first stage changed since it was set (e.g. by training).
+
+        The check compares a fingerprint of the weights' values
+        (:func:`~cde_st.modules.context_state.values_fingerprint`), so any way of changing them counts: optimizer
+        steps (fused ones too), ``param.data = ...``, in-place edits, ``load_state_dict``. A context set from texts
+        is re-embedded from the same sampled documents (its fingerprint stays the same); vectors given directly
+        cannot be recomputed, and a warning says so once. Called before the first batch of every encode that uses
+        the active context and by :meth:`save`, so a stale context is never used or written. Returns whether the
+        context was recomputed."""
+        context = self.active_context
+        if not context.is_stale(self._first_stage_fingerprint):
+            return False
+        if context.texts is None:
+            context.warn_stale_once()
+            return False
+        logger.info(
+            "The first stage changed since set_context: re-embedding the %d context documents.", len(context.texts)
+        )
+        self._activate_context(self.embed_context_texts(context.texts), context.info, context.texts)
+        return True
+
+    @contextmanager
+    def one_weights_check(self) -> Iterator[None]:
+        """Within the block (one encode call: :meth:`ContextualSentenceTransformer.encode` opens it), the weights are
+        compared with those of the active context and its cached keys/values once, at the first forward; the later
+        batches only look at the parameters' version counters (nothing can change the weights between the batches
+        of one call). Outside such a block every inference forward that uses the active context compares the
+        weights' values (a few ms for MiniLM), because a change no version counter records (a fused optimizer step,
+        an edit through ``param.data``) may have happened between two direct forward calls."""
+        self._one_check_depth += 1
+        self._weights_check_due = True
+        try:
+            yield
+        finally:
+            self._one_check_depth -= 1
+
+    def _check_weights(self) -> bool:
+        """Before an inference forward uses the active context: compare the fingerprint of the first-stage weights
+        it came from with the current one (re-embed it where they differ). Inside :meth:`one_weights_check` (an
+        encode call) only the first forward does, and later ones again if a parameter's storage or version counter
+        moved; every other forward does. Returns whether it compared: then the forward compares the cached
+        keys/values' second stage too (:meth:`ContextKVCache.drop_if_stale`)."""
+        if self._one_check_depth > 0 and not self._weights_check_due and self._weights_key is not None:
+            params, key = self._weights_key
+            if key == tuple((p.data_ptr(), p._version) for p in params):
+                return False
+        self.refresh_context()
+        params = list(self.parameters())  # listed once per check: walking the module tree per batch costs ~1 ms
+        self._weights_key = (params, tuple((p.data_ptr(), p._version) for p in params))
+        self._weights_check_due = False
+        return True
+
+    def embedding_fingerprint(self) -> str:
+        """A short hash of everything this module's embeddings depend on besides the input: the active context (its
+        vectors, made current first; "none" without one), the values of every weight and the config. Anything that
+        caches embeddings of a contextual model keys them by it, so that a cache made with another context (or
+        other weights) is never read back (:func:`cde_st.hard_negatives.mine_hard_negatives`)."""
+        self.refresh_context()
+        digest = hashlib.sha256()
+        if self.context_vectors is None:
+            digest.update(b"no context")
+        else:
+            vectors = self.context_vectors.detach().float().cpu().contiguous()
+            digest.update(str(tuple(vectors.shape)).encode() + vectors.numpy().tobytes())
+        digest.update(values_fingerprint(list(self.parameters())).numpy().tobytes())
+        digest.update(json.dumps(self.config.to_dict(), sort_keys=True, default=str).encode())
+        return digest.hexdigest()[:16]
+
     # ------------------------------------------------------------------ second stage
     def forward(
         self,
@@ -379,21 +639,22 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
             context_mask = features.get("context_mask")
         if context_mask is not None and context_vectors is None:
             raise ValueError("context_mask needs the context it masks: pass context_vectors as well.")
-        input_ids, attention_mask = features["input_ids"], features["attention_mask"]
-        adapter, backbone = self.second_adapter, self.second_stage
-        if self.embed_joint_sequence:
-            text = adapter.embed_tokens_unnormalised(backbone, input_ids)
-        else:
-            text = adapter.embed_tokens(backbone, input_ids, features.get("token_type_ids"))
-        prefix = self._context_slots(context_vectors, text.dtype)  # (J, d2)
-        num_ctx = prefix.shape[0]
-        if self.soft_prompt is not None:
-            prefix = torch.cat([prefix, self.soft_prompt().to(text.dtype)])  # (J + n_prompt, d2)
-        prefix_mask = None
-        if context_mask is not None:
-            prefix_mask = self._prefix_mask(context_mask, len(context_vectors), input_ids.shape[0], prefix.shape[0])
-        reusable = context_vectors is None and not self.training
-        out = self._attend(prefix, num_ctx, text, attention_mask, prefix_mask, reusable)
+        vectors, weights_checked = self._context_of_call(context_vectors)  # (J', d2)
+        out = encode_with_context(
+            features,
+            vectors,
+            context_mask,
+            adapter=self.second_adapter,
+            backbone=self.second_stage,
+            config=self.config,
+            null_vector=self.null_vector,
+            soft_prompt=self.soft_prompt,
+            gates=self.gates,
+            cache=self.context_cache,
+            training=self.training,
+            reusable=context_vectors is None and not self.training,
+            verify_cache=weights_checked,
+        )
         features["token_embeddings"] = out
         features["sentence_embedding"] = self.head(mean_pool(out, self._pool_mask(features)))
         return features
@@ -423,6 +684,24 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
             )
         return next(iter(given.values()), None)
 
+    def _context_of_call(self, given: torch.Tensor | np.ndarray | None) -> tuple[torch.Tensor, bool]:
+        """The (J', d2) context vectors one forward reads: ``given`` (checked), else the active context (made
+        current first at inference), else none (J' = 0; at inference with a warning); and whether the weights were
+        compared just now (:meth:`_check_weights`)."""
+        if given is not None:
+            # Checked whether or not they require grad: NaN or too many rows must fail in training as well.
+            return self.validate_context_vectors(given).to(device=self.device), False
+        self.active_context.check_pool_copy()
+        checked = not self.training and self._check_weights()
+        vectors = self.context_vectors
+        if vectors is not None:
+            if vectors.is_inference() and not torch.is_inference_mode_enabled():
+                vectors = vectors.clone()  # embedded under inference mode; autograd may need to save them
+            return vectors, checked
+        if not self.training:
+            self.warn_null_context()
+        return self.null_vector.new_zeros(0, self.hidden_size), checked
+
     def _pool_mask(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """The text positions mean pooling reads: not padding, not the prompt (``include_prompt=False``), not the
         task instruction (``pool_skip_instruction``)."""
@@ -444,7 +723,7 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
 
     def train(self, mode: bool = True):
         if mode:
-            self._drop_context_cache()  # weights are about to change
+            self.context_cache.drop()  # weights are about to change
         else:
             self._weights_check_due = True  # encode() calls eval(): check the weights once per call
         return super().train(mode)
@@ -458,6 +737,20 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
             config[f"{stage}_config"] = encoder_config.to_diff_dict() | {"model_type": encoder_config.model_type}
         config["context_info"] = self.context_info.to_dict() if self.context_info is not None else None
         return config
+
+    def save_context(self, output_path: str) -> None:
+        """Write the active context (refreshed first: never vectors of an older first stage) with the documents it
+        was sampled from to ``output_path/context.safetensors``; without a context, remove a stale file."""
+        if self.context_vectors is not None:
+            self.refresh_context()
+        self.active_context.save(output_path)
+
+    def load_context(self, context_path: str, exists: bool, context_info: dict | None, config_path: str) -> None:
+        """Restore the saved context: ``context.safetensors`` must agree with the ``context_info`` that
+        ``cde_config.json`` records, and passes the checks of :meth:`validate_context_vectors`."""
+        saved = read_context_file(context_path, exists, context_info, config_path, self.validate_context_vectors)
+        if saved is not None:
+            self._activate_context(*saved)
 
     def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
         os.makedirs(output_path, exist_ok=True)
@@ -568,6 +861,7 @@ class ContextualTransformer(ContextState, ContextAttention, OwnerPrompts, InputM
         ``SentenceTransformer(path, trust_remote_code=True)`` (the advice of sentence-transformers' error) would
         otherwise load without a word: say which call loads it as a contextual model."""
         super().on_model_ready(model)
+        self._model_prompts.join(model)
         loaded_from, self._loaded_from = getattr(self, "_loaded_from", None), None
         # Only the model a folder is loaded into: a client that later wraps these modules (LangChain, LlamaIndex)
         # builds its SentenceTransformer from the modules of a ContextualSentenceTransformer on purpose.

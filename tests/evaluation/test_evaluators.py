@@ -190,7 +190,7 @@ def test_evaluator_and_eval_kit_sample_the_same_context(make_tiny_cde, tmp_path)
     seen = []
     evaluator = ContextualRetrievalEvaluator(folder, seed=3)
     with corpus_context(model, evaluator.corpus, seed=3):
-        seen.append(list(module._context_texts))
+        seen.append(list(module.active_context.texts))
     task = loaded(folder)
     plan = ContextPlan(size=4, seed=3)
     plan.register(task)

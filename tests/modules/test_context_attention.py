@@ -10,6 +10,7 @@ from sample_texts import SHORT_DOCS
 from sentence_transformers import SentenceTransformer
 
 from cde_st import ContextualSentenceTransformer
+from cde_st.modules.context_attention import context_slots
 
 DOCS = SHORT_DOCS
 
@@ -26,7 +27,7 @@ def _uncached_reference(
     features = module.preprocess(texts, prompt=prompt)
     ids, mask = features["input_ids"], features["attention_mask"]
     text = module.second_adapter.embed_tokens(module.second_stage, ids, features.get("token_type_ids"))
-    prefix = module._context_slots(context, text.dtype)
+    prefix = context_slots(context.to(text.dtype), module.null_vector.to(text.dtype), module.config, training=False)
     batch, p, length = ids.shape[0], prefix.shape[0], ids.shape[1]
     hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)
     keys_valid = torch.cat([mask.new_ones(batch, p), mask], dim=1).bool()[:, None, None, :]
@@ -276,3 +277,13 @@ def test_gated_minilm_starts_as_minilm(minilm):
         partial = model.embed_context(DOCS)[:5]  # 5 real vectors + 3 null slots
         got = model.encode(DOCS, context_vectors=partial)
         assert np.abs(got - expected).max() <= 1e-5
+
+
+def test_the_cache_is_an_owned_object_dropped_with_the_context(make_tiny_cde):
+    model = make_tiny_cde(context_size=4, context_attention="cached")
+    module = model.contextual_module
+    model.set_context(DOCS)
+    model.encode(DOCS)
+    assert module.context_cache.nbytes() == module.context_cache_bytes() > 0
+    model.set_context(DOCS[:2])  # another context: the keys/values of the old one go
+    assert module.context_cache.entry is None and module.context_cache_bytes() == 0

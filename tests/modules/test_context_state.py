@@ -101,7 +101,7 @@ def test_second_stage_change_drops_the_cached_keys_values(make_tiny_cde, path, g
     after = model.encode(QUERIES, convert_to_tensor=True)
     assert _max_diff(after, before) > 1e-5
     module = model.contextual_module
-    module._drop_context_cache()
+    module.context_cache.drop()
     assert _max_diff(after, model.encode(QUERIES, convert_to_tensor=True)) <= 1e-6
 
 
@@ -112,7 +112,7 @@ def test_second_stage_load_state_dict_drops_the_cached_keys_values(make_tiny_cde
     model.encode(QUERIES)
     model.contextual_module.second_stage.load_state_dict(other.contextual_module.second_stage.state_dict())
     after = model.encode(QUERIES, convert_to_tensor=True)
-    model.contextual_module._drop_context_cache()
+    model.contextual_module.context_cache.drop()
     assert _max_diff(after, model.encode(QUERIES, convert_to_tensor=True)) <= 1e-6
 
 
@@ -124,7 +124,7 @@ def test_edited_null_vector_reaches_the_cached_keys_values(make_tiny_cde):
         model.contextual_module.null_vector.data.mul_(3.0)
     after = model.encode(QUERIES, convert_to_tensor=True)
     assert _max_diff(after, before) > 1e-5
-    model.contextual_module._drop_context_cache()
+    model.contextual_module.context_cache.drop()
     assert _max_diff(after, model.encode(QUERIES, convert_to_tensor=True)) <= 1e-6
 
 
@@ -281,7 +281,7 @@ def test_direct_forward_after_an_in_place_edit_uses_the_current_context(make_tin
     _add_no_grad(_first_stage_params(model) + _second_stage_params(model))
     with torch.inference_mode():
         got = model(dict(features))["sentence_embedding"]
-    model.contextual_module._drop_context_cache()
+    model.contextual_module.context_cache.drop()
     model.set_context(DOCS)
     with torch.inference_mode():
         expected = model(dict(features))["sentence_embedding"]
@@ -303,9 +303,33 @@ def test_direct_forward_after_any_weight_change_uses_the_current_context(make_ti
     WRITE_PATHS[path](params)
     with torch.inference_mode():
         got = model(dict(features))["sentence_embedding"]
-    model.contextual_module._drop_context_cache()
+    model.contextual_module.context_cache.drop()
     model.set_context(DOCS)
     with torch.inference_mode():
         expected = model(dict(features))["sentence_embedding"]
     assert _max_diff(before, expected) > 1e-5  # the change matters
     assert _max_diff(got, expected) <= 1e-6
+
+
+def test_the_active_context_is_an_owned_object_outside_the_weights(make_tiny_cde):
+    """The context lives in the module's ActiveContext: not in the weights file, yet it follows ``model.to``; a new
+    context counts as a new generation (pool workers compare it), re-embedding the same one does not."""
+    from sentence_transformers.base.modules import InputModule
+
+    from cde_st import ContextualTransformer
+    from cde_st.modules.context_state import ActiveContext
+
+    assert ContextualTransformer.__bases__ == (InputModule,)  # no mixin shares the module's state
+    model = make_tiny_cde(context_size=4)
+    module = model.contextual_module
+    assert isinstance(module.active_context, ActiveContext)
+    model.set_context(DOCS)
+    assert not any(key.startswith("active_context") for key in module.state_dict())
+    generation = int(module.active_context.generation)
+    _fused_adamw_step(_first_stage_params(model))
+    assert module.refresh_context()  # the same context re-embedded: the same generation
+    assert int(module.active_context.generation) == generation
+    model.set_context(DOCS[:3])
+    assert int(module.active_context.generation) == generation + 1
+    model.to(torch.float64)
+    assert module.context_vectors.dtype == torch.float64

@@ -10,6 +10,7 @@ from sample_texts import SHORT_DOCS, TOPIC_DOCS
 from serving_helpers import MAX_SEQ_LENGTH
 
 from cde_st import ContextualSentenceTransformer
+from cde_st.modules import context_attention
 from cde_st.serving.engine import Engine, load_model
 from cde_st.serving.errors import ApiError
 
@@ -77,12 +78,11 @@ def test_identity_names_the_weights_not_the_dtype(cde_dir, plain_dir):
 
 
 def test_batches_do_not_re_read_the_weights(engine, monkeypatch):
-    module = engine.model.contextual_module
     topics = engine.make_context("topics", TOPIC_DOCS, None, seed=0)
     engine.embed(["warm"], "query", topics)
     reads = []
-    original = module._second_stage_fingerprint
-    monkeypatch.setattr(module, "_second_stage_fingerprint", lambda: reads.append(1) or original())
+    original = context_attention.second_stage_fingerprint
+    monkeypatch.setattr(context_attention, "second_stage_fingerprint", lambda b: reads.append(1) or original(b))
     first = engine.embed(SHORT_DOCS, "query", topics).embeddings
     for _ in range(3):
         assert np.array_equal(engine.embed(SHORT_DOCS, "query", topics).embeddings, first)

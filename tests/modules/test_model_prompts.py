@@ -1,4 +1,4 @@
-"""The module's prompts read through the model that holds it (cde_st/modules/owner_prompts.py): one stored copy in
+"""The module's prompts read through the model that holds it (cde_st/modules/model_prompts.py): one stored copy in
 ``model.prompts``; a module alone uses its own or cde_st's defaults; the link survives pickling."""
 
 from __future__ import annotations
