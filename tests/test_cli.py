@@ -1,4 +1,4 @@
-"""The three commands' error style (issue 23): one line ``error: ...`` naming the problem, exit status 2, a traceback
+"""The three commands' error style: one line ``error: ...`` naming the problem, exit status 2, a traceback
 only with ``--debug`` / ``CDE_ST_DEBUG=1``; offline models are named with what to do."""
 
 from __future__ import annotations

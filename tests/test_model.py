@@ -353,7 +353,7 @@ def test_context_follows_first_stage_changes(make_tiny_cde, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("context_size", [64, 512])
 def test_untrained_from_encoder_starts_as_its_source(minilm, context_size):
-    """Issue 23: by default an untrained model built from an encoder gives that encoder's embeddings whatever the
+    """by default an untrained model built from an encoder gives that encoder's embeddings whatever the
     context (zero-initialised context gate), also at J = 512 where the paper's joint attention collapses."""
     base = SentenceTransformer(minilm)
     model = ContextualSentenceTransformer.from_encoder(minilm, context_size=context_size)
@@ -399,7 +399,7 @@ def test_folders_keep_their_attention_when_loaded(make_tiny_cde, tiny_bert_dir, 
 
 
 def test_encode_after_set_context_embeds_like_encode_document(make_tiny_cde, tmp_path):
-    """Issue 24: plain encode() after set_context used no prompt while encode_document used its own (and the
+    """plain encode() after set_context used no prompt while encode_document used its own (and the
     context documents got it): encode() now embeds as a document, on every loading route."""
     model = make_tiny_cde(context_size=4, prompts={"query": "q: ", "document": "passage: "})
     model.set_context(DOCS, seed=0)

@@ -100,7 +100,7 @@ def test_model_card_refreshed_when_a_loaded_model_is_saved_again(make_tiny_cde, 
 @pytest.mark.slow
 @pytest.mark.parametrize("context_size", [64, 512])
 def test_model_card_snippet_ranks_mars_first_for_an_untrained_minilm_model(minilm, tmp_path, context_size):
-    """Issue 23: the card of an untrained model built from all-MiniLM-L6-v2 printed 0.985 / 0.987 / 0.987 for
+    """the card of an untrained model built from all-MiniLM-L6-v2 printed 0.985 / 0.987 / 0.987 for
     Venus, Mars and Saturn at J = 512 (joint attention); the model now starts as MiniLM and ranks Mars first."""
     model = ContextualSentenceTransformer.from_encoder(minilm, context_size=context_size)
     model.save(str(tmp_path / "m"))

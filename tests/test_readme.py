@@ -175,7 +175,5 @@ def test_readme_block_runs(document: str, block: Block, tmp_path):
         MTEB_CACHE=str(tmp_path / "mteb_cache"),
         CDE_ST_CACHE=str(tmp_path / "cde_st_cache"),
     )
-    out = subprocess.run(
-        [sys.executable, "snippet.py"], cwd=work, env=env, capture_output=True, text=True, timeout=600
-    )
+    out = subprocess.run([sys.executable, "snippet.py"], cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, f"{document} block at line {block.line} failed:\n{code}\n{out.stderr[-4000:]}"

@@ -29,8 +29,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from cde_st.context import ContextInfo
-from cde_st.modules.caller import caller_stacklevel
 from cde_st.modules.integrity import corrupt_file_error
+from cde_st.modules.warning_location import caller_stacklevel
 
 CONTEXT_FILE = "context.safetensors"
 

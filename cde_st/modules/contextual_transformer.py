@@ -48,7 +48,6 @@ from cde_st.context import (
     validate_texts,
 )
 from cde_st.modules.backbone import get_adapter
-from cde_st.modules.caller import caller_stacklevel
 from cde_st.modules.context_attention import ContextKVCache, encode_with_context
 from cde_st.modules.context_state import (
     CONTEXT_FILE,
@@ -81,6 +80,7 @@ from cde_st.modules.integrity import (
 from cde_st.modules.loading_options import check_backend, resolve_dtype, split_model_kwargs
 from cde_st.modules.model_prompts import ModelPrompts
 from cde_st.modules.source_pipeline import SourcePipeline, read_source_pipeline
+from cde_st.modules.warning_location import caller_stacklevel
 
 logger = logging.getLogger(__name__)
 

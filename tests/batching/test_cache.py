@@ -26,7 +26,7 @@ def _fixed_pairs(n: int = 40) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_cache_keys_are_those_of_the_code_before_the_split(tmp_path, monkeypatch):
-    """Clusterings cached before the batching code was split (issue 25) are found again: the keys below were
+    """Clusterings cached before the batching code was split are found again: the keys below were
     computed by that code (commit 02b9c3b) for the same inputs."""
     q, d = _fixed_pairs()
     ds = pair_dataset(40)

@@ -1,4 +1,4 @@
-"""beir users get CDE: ContextualExactSearch sets the corpus context before beir encodes any query (issue 23)."""
+"""beir users get CDE: ContextualExactSearch sets the corpus context before beir encodes any query."""
 
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ def test_train_scores_a_stock_evaluator_with_the_corpus_context(tmp_path, minilm
     ],
 )
 def test_evaluator_data_that_cannot_be_scored_is_refused(make, message):
-    """Issue 24: a one-pair STS or one-label pair evaluator scored nan (and checkpoints were picked on it)."""
+    """a one-pair STS or one-label pair evaluator scored nan (and checkpoints were picked on it)."""
     evaluator = make()
     with pytest.raises(ValueError, match=f"{type(evaluator).__name__} '{evaluator.name}': {message}"):
         ContextualEvaluator(evaluator, corpus=["some text"])

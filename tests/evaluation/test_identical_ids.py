@@ -43,7 +43,7 @@ def test_generic_folder_whose_queries_are_corpus_documents_ignores_identical_ids
 
 
 def test_ids_that_merely_coincide_keep_the_query_own_document(tmp_path, tiny_plain_model):
-    """Issue 24: a folder numbering queries and documents 1..N got BEIR's rule, so document 7, judged relevant to
+    """a folder numbering queries and documents 1..N got BEIR's rule, so document 7, judged relevant to
     query 7, was removed from query 7's results. auto decides from the texts and says why."""
     from cde_st.evaluation import evaluate_model
 

@@ -146,7 +146,7 @@ def test_duplicate_corpus_ids_with_other_texts_fail_naming_both_lines(tmp_path):
     ],
 )
 def test_data_that_cannot_be_scored_names_the_file_and_why(tmp_path, make, file, rows, message):
-    """Issue 24: one-label classification or one-pair STS data gave mteb errors (or nan) naming neither."""
+    """one-label classification or one-pair STS data gave mteb errors (or nan) naming neither."""
     folder = make(tmp_path)
     write_jsonl(folder / file, rows)
     with pytest.raises(LocalDataError, match=f"{folder.name}/{file}: .*{message}"):

@@ -180,7 +180,7 @@ def test_contextual_model_without_slots_scores_like_its_plain_encoder(data_dir, 
 
 
 def test_random_corpus_and_context_seed_errors_name_the_option(data_dir, tmp_path, tiny_plain_model, capsys):
-    """Issue 24: a missing --random-corpus file was reported as an unknown task; --context-seed -1 as a numpy
+    """a missing --random-corpus file was reported as an unknown task; --context-seed -1 as a numpy
     error naming no option."""
     with pytest.raises(FileNotFoundError, match=r"random_corpus \(--random-corpus\) '.*missing.jsonl': no such file"):
         runner.load_text_corpus(str(tmp_path / "missing.jsonl"), data_dir)
@@ -195,7 +195,7 @@ def test_random_corpus_and_context_seed_errors_name_the_option(data_dir, tmp_pat
 
 
 def test_cli_output_lands_in_one_ignored_folder_and_faiss_loader_is_quiet(tmp_path):
-    """Issue 23: results went to ./mteb_results (untracked, beside an mteb_cache/), and faiss's "Could not load
+    """results went to ./mteb_results (untracked, beside an mteb_cache/), and faiss's "Could not load
     library with AVX512 support" INFO lines read like errors."""
     import logging
     import subprocess
@@ -218,7 +218,7 @@ def test_cli_output_lands_in_one_ignored_folder_and_faiss_loader_is_quiet(tmp_pa
 
 
 def test_the_kit_emits_no_future_warnings(data_dir, make_tiny_cde):
-    """Issue 23: FutureWarnings on every evaluation read as errors. The ones seen come from mteb building a ModelMeta
+    """FutureWarnings on every evaluation read as errors. The ones seen come from mteb building a ModelMeta
     from a bare SentenceTransformer (``get_sentence_embedding_dimension`` renamed in sentence-transformers 6), which
     happens only when mteb is called directly; the kit hands mteb its own ModelMeta, so none may appear here."""
     import warnings

@@ -72,7 +72,9 @@ def test_unfiltered_loss_equals_multiple_negatives_ranking_loss(tiny_bert_dir):
     ours = FilteredInfoNCELoss(model, guide=False, temperature=0.02)
     mnrl = MultipleNegativesRankingLoss(model, scale=50.0)
     with torch.no_grad():
-        torch.testing.assert_close(ours(copy_columns(columns), None), mnrl(copy_columns(columns), None), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            ours(copy_columns(columns), None), mnrl(copy_columns(columns), None), rtol=1e-5, atol=1e-5
+        )
 
 
 @pytest.mark.slow

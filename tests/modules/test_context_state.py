@@ -1,4 +1,4 @@
-"""The active context and the cached context keys/values never go stale, however the weights change (issue 24),
+"""The active context and the cached context keys/values never go stale, however the weights change,
 and the context hook accepts or clearly refuses every input (J = 0, differentiable forwards, odd arguments)."""
 
 from __future__ import annotations

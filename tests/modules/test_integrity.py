@@ -1,4 +1,4 @@
-"""Model folders load whole or not at all (issue 24): a folder that is missing its tokenizer, holds weights that do
+"""Model folders load whole or not at all: a folder that is missing its tokenizer, holds weights that do
 not fit its config, or NaN weights is an error naming the folder, the file and the field, in the native and the
 released layout; the released route honours ``model_kwargs``; a missing encoder folder or uncached hub id is named
 as such."""

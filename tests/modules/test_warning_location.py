@@ -1,4 +1,4 @@
-"""Where a cde_st warning points (cde_st/modules/caller.py): at the user's line, through any depth of cde_st,
+"""Where a cde_st warning points (cde_st/modules/warning_location.py): at the user's line, through any depth of cde_st,
 sentence-transformers and torch calls."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import warnings
 
-from cde_st.modules.caller import caller_stacklevel
+from cde_st.modules.warning_location import caller_stacklevel
 
 
 def test_a_warning_from_deep_inside_encode_names_the_users_line(make_tiny_cde):
