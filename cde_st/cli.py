@@ -17,6 +17,7 @@ from huggingface_hub import try_to_load_from_cache
 from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
 from cde_st import training
+from cde_st.coercion import load_yaml_value
 from cde_st.model import ContextualSentenceTransformer
 from cde_st.released import (
     ALIASES,
@@ -26,7 +27,6 @@ from cde_st.released import (
     resolve_name,
 )
 from cde_st.training import PRESET_TIMES, PRESETS, TRAIN_DATA_HELP, TrainConfig, TrainConfigError, config_yaml
-from cde_st.training.coercion import load_yaml_value
 
 
 def _parse_overrides(items: list[str]) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 uses them:
 
 - :mod:`~cde_st.training.config`: :class:`TrainConfig` (every knob), config files, ``--set`` values and the presets
-  (``presets/NAME.yaml``: commented files to read and copy); :mod:`~cde_st.training.coercion` converts values;
+  (``presets/NAME.yaml``: commented files to read and copy); :mod:`~cde_st.coercion` converts values;
 - :mod:`~cde_st.training.pairs`: the training pairs (``train_data``: jsonl files/folders, BEIR, hub, built-in);
 - :mod:`~cde_st.training.tiny`: the tiny offline encoder of ``--preset tiny`` and the tests;
 - :mod:`~cde_st.training.output_dir`: output folder, resume and overwrite rules;

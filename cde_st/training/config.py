@@ -3,7 +3,7 @@
 A config comes from a preset (``cde_st/training/presets/NAME.yaml``, commented files to read and copy), a YAML or
 JSON file (``--config``; a ``preset:`` key starts from that preset), ``--set KEY=VALUE`` overrides, or Python
 (``TrainConfig(...)``, :meth:`TrainConfig.from_preset`). Every route checks the values the same way: known field
-names, the declared types (:func:`cde_st.training.coercion.coerce`), the allowed choices and ranges; errors name
+names, the declared types (:func:`cde_st.coercion.coerce`), the allowed choices and ranges; errors name
 the source (file and line where there is one), the field, the value and what it must be.
 
     cfg = TrainConfig.from_preset("mini", train_data=["../shared/data/pairs"], output_dir="runs/mini-cde")
@@ -24,9 +24,9 @@ from typing import Any, Literal
 import yaml
 
 from cde_st.batching.surrogate import SurrogateKind
+from cde_st.coercion import ConfigValueError, coerce, load_config_text
 from cde_st.context import SEED_RULE, is_seed
 from cde_st.modules.contextual_config import ContextualConfig
-from cde_st.training.coercion import ConfigValueError, coerce, load_config_text
 
 
 class TrainConfigError(ValueError):

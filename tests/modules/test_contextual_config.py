@@ -118,7 +118,7 @@ def test_prompts_live_in_model_prompts_only(make_tiny_cde, tmp_path):
     ],
 )
 def test_one_coercion_rule_for_every_route_naming_the_field(fields, match):
-    """The training config's rule (cde_st.training.coercion): a bool is a real bool, an int a whole number."""
+    """The training config's rule (cde_st.coercion): a bool is a real bool, an int a whole number."""
     with pytest.raises(ValueError, match=match):
         ContextualConfig(**fields)
     with pytest.raises(ValueError, match=match):  # the same error on every route
