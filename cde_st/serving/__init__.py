@@ -5,6 +5,6 @@ The modules split one concept each: :mod:`~cde_st.serving.errors` (OpenAI's erro
 belongs to), :mod:`~cde_st.serving.contexts` (the named contexts and their files), :mod:`~cde_st.serving.engine`
 (the model, run in one worker thread), :mod:`~cde_st.serving.batching` (coalescing concurrent requests),
 :mod:`~cde_st.serving.metrics` (Prometheus), :mod:`~cde_st.serving.app` (the HTTP routes) and
-:mod:`~cde_st.serving.cli` (the command). Only ``app``, ``metrics`` and ``cli`` need the ``serve`` extra (FastAPI,
+:mod:`~cde_st.serving.serve_command` (the command). Only ``app``, ``metrics`` and ``serve_command`` need the ``serve`` extra (FastAPI,
 uvicorn, prometheus-client); nothing here is imported by ``cde_st`` itself.
 """

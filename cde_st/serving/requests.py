@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from cde_st.context import SEED_RULE, is_seed
 from cde_st.serving.errors import ApiError
 
 INPUT_TYPES = ("query", "document")
@@ -153,8 +154,8 @@ def parse_context(body: dict) -> ContextRequest:
     if size is not None and (not _is_int(size) or size < 1):
         raise ApiError(400, f"size (J) must be a positive integer, got {size!r}.", param="size")
     seed = body.get("seed", 0)
-    if not _is_int(seed) or seed < 0:
-        raise ApiError(400, f"seed must be a non-negative integer, got {seed!r}.", param="seed")
+    if not is_seed(seed):  # the library's one seed rule, so a seed the server takes is one set_context takes
+        raise ApiError(400, f"seed {SEED_RULE}, got {seed!r}.", param="seed")
     replace = body.get("replace", False)
     if not isinstance(replace, bool):
         raise ApiError(400, f"replace must be true or false, got {replace!r}.", param="replace")

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from cde_st.serving.cli import main
 from cde_st.serving.contexts import ContextStore
+from cde_st.serving.serve_command import main
 
 
 def test_without_the_serve_extra_it_says_what_to_install(monkeypatch):
