@@ -162,7 +162,6 @@ def train_one(cfg, pairs, deadline: float, stop_at: int | None) -> tuple[object,
     """Train as cde_st's ``train()`` does (same model, loss, optimizer, batches, arguments), with a callback that
     stops at ``stop_at`` steps or when ``deadline`` (time.monotonic) passes, whichever comes first."""
     import torch
-    from sentence_transformers import SentenceTransformerTrainingArguments
     from transformers import TrainerCallback
 
     from cde_st.training.run import (
@@ -171,8 +170,7 @@ def train_one(cfg, pairs, deadline: float, stop_at: int | None) -> tuple[object,
         build_loss,
         build_model,
         build_optimizer,
-        resolved_prompts,
-        use_bf16,
+        training_arguments,
     )
 
     class Guard(TrainerCallback):
@@ -200,32 +198,11 @@ def train_one(cfg, pairs, deadline: float, stop_at: int | None) -> tuple[object,
     start = time.monotonic()
     model = build_model(cfg)
     loss = build_loss(cfg, model)
-    prompts = resolved_prompts(cfg)
     sampler = build_batch_sampler(cfg, pairs)
     # the surrogate embeds ~580k texts before the first step: larger encoding batches than the sampler's default 64
     # keep that to seconds on a GPU; both models get this same sampler, hence the same batches
     sampler = functools.partial(sampler, encode_batch_size=1024) if isinstance(sampler, functools.partial) else sampler
-    args = SentenceTransformerTrainingArguments(
-        output_dir=cfg.output_dir,
-        per_device_train_batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate,
-        warmup_steps=cfg.warmup_steps,
-        lr_scheduler_type="linear",
-        num_train_epochs=cfg.num_train_epochs,
-        max_steps=cfg.max_steps,
-        weight_decay=cfg.weight_decay,
-        bf16=use_bf16(cfg),
-        seed=cfg.seed,
-        batch_sampler=sampler,
-        prompts={"query": prompts["query"], "document": prompts["document"]},
-        eval_strategy="no",
-        save_strategy="no",
-        logging_steps=cfg.logging_steps,
-        dataloader_drop_last=False,
-        dataloader_pin_memory=torch.cuda.is_available(),
-        use_cpu=not torch.cuda.is_available(),
-        report_to="none",
-    )
+    args = training_arguments(cfg, pairs, None, batch_sampler=sampler, save_strategy="no")
     guard = Guard()
     trainer = MainProcessSavingTrainer(
         model=model,

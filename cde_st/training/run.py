@@ -18,6 +18,7 @@ import os
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -321,7 +322,7 @@ def _train(
     loss = build_loss(cfg, model)
     # A contextual model must never be scored (and its best checkpoint chosen) with the null context.
     evaluator = with_corpus_context(evaluator or build_evaluator(cfg), model, seed=cfg.seed)
-    args = _training_arguments(cfg, pairs, evaluator)
+    args = training_arguments(cfg, pairs, evaluator)
     if args.world_size > 1:
         logger.info(
             "data-parallel training on %d processes (%s): %d pairs per rank and step, %d in all",
@@ -349,12 +350,18 @@ def _train(
     return model
 
 
-def _training_arguments(
-    cfg: TrainConfig, pairs: Dataset, evaluator: SentenceEvaluator | None
+def training_arguments(
+    cfg: TrainConfig,
+    pairs: Dataset,
+    evaluator: SentenceEvaluator | None,
+    batch_sampler: Any = None,
+    **overrides: Any,
 ) -> SentenceTransformerTrainingArguments:
-    """The trainer's arguments: the config's optimisation, saving and logging fields, and the batch sampler."""
+    """The trainer's arguments: the config's optimisation, saving and logging fields, and the batch sampler
+    (``batch_sampler``, else :func:`build_batch_sampler` of the config). ``overrides``: other
+    ``SentenceTransformerTrainingArguments`` values, over these (a driver that saves nothing, say)."""
     prompts = resolved_prompts(cfg)
-    return SentenceTransformerTrainingArguments(
+    fields = dict(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate,
@@ -365,7 +372,7 @@ def _training_arguments(
         weight_decay=cfg.weight_decay,
         bf16=use_bf16(cfg),
         seed=cfg.seed,
-        batch_sampler=build_batch_sampler(cfg, pairs),
+        batch_sampler=build_batch_sampler(cfg, pairs) if batch_sampler is None else batch_sampler,
         prompts={"query": prompts["query"], "document": prompts["document"]} if any(prompts.values()) else None,
         eval_strategy="steps" if (evaluator is not None and cfg.eval_steps) else "no",
         eval_steps=cfg.eval_steps,
@@ -381,6 +388,7 @@ def _training_arguments(
         use_cpu=not torch.cuda.is_available(),
         report_to="none",
     )
+    return SentenceTransformerTrainingArguments(**{**fields, **overrides})
 
 
 def _save_final(
