@@ -141,3 +141,26 @@ def test_one_data_error_class_under_its_older_names():
     from cde_st.training import TrainingDataError
 
     assert LocalDataError is DataError and TrainingDataError is DataError
+
+
+def test_column_reads_a_dataset_column_in_one_piece_in_its_row_order(monkeypatch):
+    import datasets
+
+    from cde_st.data import column
+
+    ds = datasets.Dataset.from_dict({"text": [f"t{i}" for i in range(50)], "n": list(range(50))})
+    view = ds.filter(lambda n: n % 3 != 0, input_columns=["n"]).shuffle(seed=1)  # an indices mapping
+    expected = [row["text"] for row in view]
+    column_type = type(view["text"])
+    if column_type is not list:  # datasets >= 4: a lazy Column, whose row-by-row iteration is what must not run
+        monkeypatch.setattr(column_type, "__iter__", lambda self: (_ for _ in ()).throw(AssertionError("row by row")))
+    assert column(view, "text") == expected
+
+
+def test_column_of_a_dict_of_lists_is_a_copy():
+    from cde_st.data import column
+
+    data = {"text": ["a", "b"]}
+    values = column(data, "text")
+    values.append("c")
+    assert data["text"] == ["a", "b"] and values == ["a", "b", "c"]

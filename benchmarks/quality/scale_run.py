@@ -16,7 +16,7 @@ steps and pairs. Then every model is scored on each BEIR folder of ``--corpora``
 LISA from ``--data``; any BEIR folders can be added) with NDCG@10 over the whole corpus (test split, max length 256,
 the evaluation kit's prefixes, context sampling and identical-ids rule) by
 :func:`cde_st.evaluation.ndcg.score_beir_folder`, which needs neither mteb, beir nor pytrec_eval: (a) zero-shot
-MiniLM (the weights as carried), (cp), and (d) at J = 0, 64 and 512.
+MiniLM (the weights as carried), the same with the retrieval prompts, (cp), and (d) at J = 0, 64 and 512.
 
 ``--data`` is a folder or a ``.tar.xz`` of one (extracted to a temporary folder) holding ``pairs_wiki/`` and
 ``pairs/`` (training; the ``scifact_train`` domain is left out, as the preset does) and
@@ -51,6 +51,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 CORPORA = ("scifact", "med", "cacm", "lisa")
+FIXED_MTIME_NS = 1_700_000_000 * 10**9
 logger = logging.getLogger("scale_run")
 
 
@@ -84,6 +85,10 @@ def widen_model(folder: Path, work: Path) -> Path:
         target / "model.safetensors",
         metadata={"format": "pt"},
     )
+    # The clustering cache knows a surrogate folder by its path and its files' sizes and mtimes: fixed mtimes (and a
+    # fixed --work) let the GPU run find a clustering computed here with --cluster-only and carried along.
+    for file in target.rglob("*"):
+        os.utime(file, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
     return target
 
 
@@ -141,6 +146,7 @@ def make_config(args, model: str, base: str, pairs: list[str], output_dir: Path,
         base_model=base,
         surrogate=base,
         guide=base,
+        surrogate_kind=args.surrogate_kind,
         train_data=pairs,
         max_pairs=None,
         context_size=args.context_size,
@@ -158,15 +164,15 @@ def make_config(args, model: str, base: str, pairs: list[str], output_dir: Path,
     )
 
 
-def train_one(cfg, pairs, deadline: float, stop_at: int | None) -> tuple[object, dict]:
+def train_one(cfg, pairs, batch_sizes: list[int], deadline_from, stop_at: int | None) -> tuple[object, dict]:
     """Train as cde_st's ``train()`` does (same model, loss, optimizer, batches, arguments), with a callback that
-    stops at ``stop_at`` steps or when ``deadline`` (time.monotonic) passes, whichever comes first."""
+    stops at ``stop_at`` steps or when the deadline passes, whichever comes first. ``deadline_from(t)`` gives that
+    deadline (time.monotonic) from the time ``t`` of the first step: the set-up before it is measured, not guessed."""
     import torch
     from transformers import TrainerCallback
 
     from cde_st.training.run import (
         MainProcessSavingTrainer,
-        build_batch_sampler,
         build_loss,
         build_model,
         build_optimizer,
@@ -176,6 +182,7 @@ def train_one(cfg, pairs, deadline: float, stop_at: int | None) -> tuple[object,
     class Guard(TrainerCallback):
         def __init__(self) -> None:
             self.first_step_at: float | None = None
+            self.deadline = float("inf")
             self.step_times: list[float] = []
             self.last = None
             self.stopped_by = "schedule end"
@@ -183,25 +190,24 @@ def train_one(cfg, pairs, deadline: float, stop_at: int | None) -> tuple[object,
         def on_step_begin(self, args, state, control, **kwargs):
             now = time.monotonic()
             if self.first_step_at is None:
-                self.first_step_at = now
+                self.first_step_at, self.deadline = now, deadline_from(now)
             self.last = now
 
         def on_step_end(self, args, state, control, **kwargs):
             now = time.monotonic()
             self.step_times.append(now - self.last)
+            # the first step carries one-off costs (CUDA context, kernel choice): later steps predict the next
+            recent = self.step_times[1:][-20:] or self.step_times
             if stop_at is not None and state.global_step >= stop_at:
                 control.should_training_stop, self.stopped_by = True, f"the step (d) reached ({stop_at})"
-            elif now + statistics.median(self.step_times[-20:]) > deadline:
+            elif now + statistics.median(recent) > self.deadline:
                 control.should_training_stop, self.stopped_by = True, "its wall-time share"
 
     torch.manual_seed(cfg.seed)
     start = time.monotonic()
     model = build_model(cfg)
     loss = build_loss(cfg, model)
-    sampler = build_batch_sampler(cfg, pairs)
-    # the surrogate embeds ~580k texts before the first step: larger encoding batches than the sampler's default 64
-    # keep that to seconds on a GPU; both models get this same sampler, hence the same batches
-    sampler = functools.partial(sampler, encode_batch_size=1024) if isinstance(sampler, functools.partial) else sampler
+    sampler = batch_sampler(cfg, pairs)
     args = training_arguments(cfg, pairs, None, batch_sampler=sampler, save_strategy="no")
     guard = Guard()
     trainer = MainProcessSavingTrainer(
@@ -219,18 +225,49 @@ def train_one(cfg, pairs, deadline: float, stop_at: int | None) -> tuple[object,
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     info = {
         "steps": trainer.state.global_step,
-        "pairs_seen": trainer.state.global_step * cfg.batch_size,
+        "pairs_seen": sum(batch_sizes[: trainer.state.global_step]),
         "pairs_available": len(pairs),
         "stopped_by": guard.stopped_by,
         "setup_s": round((guard.first_step_at or end) - start, 1),  # data, model, surrogate embedding, k-means
         "train_s": round(end - (guard.first_step_at or end), 1),
-        "step_s_median": round(statistics.median(guard.step_times), 4) if guard.step_times else None,
+        "first_step_s": round(guard.step_times[0], 4) if guard.step_times else None,
+        "step_s_median": round(statistics.median(guard.step_times[1:] or guard.step_times), 4)
+        if guard.step_times
+        else None,  # the first step left out where there are others
         "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
         "loss_first_logged": losses[0] if losses else None,
         "loss_last_logged": losses[-1] if losses else None,
     }
     model.eval()
     return model, info
+
+
+def batch_sampler(cfg, pairs):
+    """The trainer's batch sampler (the library's, options bound), both models get the same, hence the same batches.
+    The surrogate embeds ~580k texts on a cache miss: larger encoding batches than the sampler's default 64."""
+    from cde_st.training.run import build_batch_sampler
+
+    sampler = build_batch_sampler(cfg, pairs)
+    return functools.partial(sampler, encode_batch_size=1024) if isinstance(sampler, functools.partial) else sampler
+
+
+def cluster(cfg, pairs) -> dict:
+    """Cluster the pairs as the trainer's sampler will (same options, same seed), so that both trainings load the
+    clustering from the cache and their set-up times hold no embedding or k-means. Says whether it was cached."""
+    from cde_st.batching.cache import default_cache_dir
+
+    before = set(default_cache_dir().glob("clusters-*.npz")) if default_cache_dir().is_dir() else set()
+    sampler = batch_sampler(cfg, pairs)(
+        pairs.remove_columns("domain"), batch_size=cfg.batch_size, drop_last=False, seed=cfg.seed
+    )
+    path = getattr(sampler, "cache_path", None)
+    return {
+        "batches": len(sampler),
+        "batch_sizes": [len(batch) for batch in sampler],  # epoch 0, the order both trainings see
+        "cache_file": None if path is None else Path(path).name,
+        "loaded_from_cache": path is not None and Path(path) in before,
+        "timings_s": {k: round(v, 1) for k, v in (getattr(sampler, "timings", None) or {}).items()},
+    }
 
 
 # ------------------------------------------------------------------------------------------------ scoring
@@ -264,6 +301,22 @@ def stage_of(report: dict, name: str):
         report["stages_s"][name] = round(time.monotonic() - start, 1)
 
 
+@contextlib.contextmanager
+def work_folder(path: Path | None):
+    """A temporary folder, or ``path`` emptied first (only a folder this script made, or an empty one)."""
+    if path is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield Path(tmp)
+        return
+    marker = path / ".scale_run"
+    if path.exists() and any(path.iterdir()) and not marker.exists():
+        raise SystemExit(f"--work {path} holds files this script did not make: give an empty or new folder")
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    marker.touch()
+    yield path
+
+
 def free() -> None:
     import gc
 
@@ -294,15 +347,20 @@ def write(out: Path, report: dict) -> None:
         )
     lines += [
         "",
-        "| model | steps | pairs seen | stopped by | setup (s) | training (s) | step (s, median) | peak GPU memory (GiB) |",
-        "|---|---:|---:|---|---:|---:|---:|---:|",
+        "| model | steps | pairs seen | stopped by | setup (s) | training (s) | first step (s) | later steps (s, median) "
+        "| peak GPU memory (GiB) |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for name, t in report["training"].items():
         lines.append(
-            f"| {name} | {t['steps']} | {t['pairs_seen']:,} of {t['pairs_available']:,} | {t['stopped_by']} | {t['setup_s']} | "
-            f"{t['train_s']} | {t['step_s_median']} | {t['peak_memory_gib']} |"
+            f"| {name} | {t['steps']} | {t['pairs_seen']:,} of {t['pairs_available']:,} | {t['stopped_by']} | "
+            f"{t['setup_s']} | {t['train_s']} | {t['first_step_s']} | {t['step_s_median']} | {t['peak_memory_gib']} |"
         )
     lines += [
+        "",
+        "Clustering: "
+        + json.dumps({k: v for k, v in (report.get("clustering") or {}).items() if k != "batch_sizes"})
+        + ".",
         "",
         f"Stages: {json.dumps(report['stages_s'])}; wall {report.get('wall_s')} s. Notes: "
         + "; ".join(report["notes"]),
@@ -318,9 +376,29 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--data", type=Path, help="folder or .tar.xz with pairs_wiki/, pairs/, retrieval/")
     parser.add_argument("--model", type=Path, help="all-MiniLM-L6-v2 (sentence-transformers folder)")
+    parser.add_argument(
+        "--work", type=Path, help="working folder, emptied first (default: a temporary one); fixed for --cluster-only"
+    )
+    parser.add_argument(
+        "--cluster-only",
+        action="store_true",
+        help="stop once the pairs are clustered into the cache ($CDE_ST_CACHE): prepares the GPU run on a CPU",
+    )
+    parser.add_argument(
+        "--surrogate-kind",
+        choices=("static", "transformer"),
+        default="static",
+        help="what embeds the pairs for clustering (MiniLM either way): 'static' (its model2vec distillation fitted "
+        "to it) clusters the ~290k pairs on a 2-core CPU in minutes, where MiniLM itself takes hours there and "
+        "152 s of an H100 lease",
+    )
     parser.add_argument("--budget-s", type=float, default=400, help="the whole run, set-up and scoring included")
-    parser.add_argument("--eval-reserve-s", type=float, default=70, help="kept for scoring (cp) and (a) after (d)")
-    parser.add_argument("--d-share", type=float, default=0.6, help="(d)'s share of the training time left")
+    parser.add_argument(
+        "--eval-reserve-s", type=float, default=90, help="kept for scoring (d), (cp) and (a): 75 s on an H100"
+    )
+    parser.add_argument(
+        "--d-share", type=float, default=0.6, help="(d)'s share of the training time left at its first step"
+    )
     parser.add_argument("--batch-size", type=int, default=512, help="batch = cluster")
     parser.add_argument("--context-size", type=int, default=512, help="J of (d)")
     parser.add_argument("--max-seq-length", type=int, default=64)
@@ -355,8 +433,7 @@ def main() -> None:
         "corpora": [],
         "notes": [],
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+    with work_folder(args.work) as work:
         if args.smoke:
             args.batch_size, args.context_size, args.eval_sizes = 8, 8, [0, 4, 8]
             args.eval_batch_size, args.logging_steps = 16, 2
@@ -384,20 +461,36 @@ def main() -> None:
         probe = make_config(args, "contextual", base, pairs, work / "probe", -1, 0)
         train_pairs = load_pairs(probe)  # the same for both models (same data fields)
         n_pairs = len(train_pairs)
-        planned = -(-n_pairs // args.batch_size)  # one epoch
+        with stage_of(report, "cluster"):
+            report["clustering"] = cluster(probe, train_pairs)  # the sampler's options do not depend on the model
+            log("clustering: " + json.dumps({k: v for k, v in report["clustering"].items() if k != "batch_sizes"}))
+        write(args.out, report)
+        if args.cluster_only:
+            return
+        # one epoch of the sampler's batches (a cluster's remainder is a smaller batch of its own)
+        batch_sizes = report.get("clustering", {}).get("batch_sizes") or [args.batch_size] * -(
+            -n_pairs // args.batch_size
+        )
+        planned = len(batch_sizes)
         warmup = max(1, round(args.warmup_fraction * planned))
         report["plan"] = {"pairs": n_pairs, "planned_steps": planned, "warmup_steps": warmup}
         log(f"{n_pairs} pairs: {planned} steps planned (one epoch), warm-up {warmup}")
 
-        # (d) first: it sets the step count both models share. A stage that fails is recorded and the run goes on,
-        # so that one call still returns every number it could measure.
-        left = deadline - time.monotonic() - args.eval_reserve_s
-        d_deadline = time.monotonic() + args.d_share * left
         cfg_d = make_config(args, "contextual", base, pairs, work / "d", planned, warmup)
         report["config_d"] = cfg_d.to_dict()
-        steps, per_scoring = None, args.eval_reserve_s / 5
+
+        # (d) first: it sets the step count both models share. A stage that fails is recorded and the run goes on,
+        # so that one call still returns every number it could measure. At (d)'s first step its set-up is known:
+        # (cp)'s is taken to be the same, and what is left after both set-ups and the scoring reserve is shared.
+        d_started = time.monotonic()
+
+        def d_deadline(first_step_at: float) -> float:
+            setup = first_step_at - d_started
+            return first_step_at + args.d_share * (deadline - first_step_at - setup - args.eval_reserve_s)
+
+        steps, per_scoring = None, args.eval_reserve_s / 6
         with stage_of(report, "train_d"):
-            model_d, report["training"]["(d)"] = train_one(cfg_d, train_pairs, d_deadline, None)
+            model_d, report["training"]["(d)"] = train_one(cfg_d, train_pairs, batch_sizes, d_deadline, None)
             steps = report["training"]["(d)"]["steps"]
             log(f"(d) trained: {report['training']['(d)']}")
         write(args.out, report)
@@ -417,7 +510,9 @@ def main() -> None:
         cfg_cp = make_config(args, "biencoder", base, pairs, work / "cp", planned, warmup)
         report["config_cp"] = cfg_cp.to_dict()
         with stage_of(report, "train_cp"):
-            model_cp, report["training"]["(cp)"] = train_one(cfg_cp, train_pairs, cp_deadline, steps)
+            model_cp, report["training"]["(cp)"] = train_one(
+                cfg_cp, train_pairs, batch_sizes, lambda _: cp_deadline, steps
+            )
             log(f"(cp) trained: {report['training']['(cp)']}")
             if report["training"]["(cp)"]["steps"] != steps:
                 report["notes"].append(
@@ -435,7 +530,11 @@ def main() -> None:
 
             zero_shot = SentenceTransformer(base, device="cuda" if torch.cuda.is_available() else "cpu")
             report["scores"]["(a) zero-shot"] = score(zero_shot, corpora, None, args.eval_batch_size)
-        order = ["(a) zero-shot", "(cp)", *(f"(d) J={j}" for j in args.eval_sizes)]
+            # the trained rows start from here, not from (a): MiniLM never saw these prompts, which cost it points
+            report["scores"]["(a) with the prompts"] = score(
+                zero_shot, corpora, None, args.eval_batch_size, prefixes=True
+            )
+        order = ["(a) zero-shot", "(a) with the prompts", "(cp)", *(f"(d) J={j}" for j in args.eval_sizes)]
         report["table"] = [row_of(name, report["scores"][name]) for name in order if name in report["scores"]]
         report["wall_s"] = round(time.monotonic() - started, 1)
         write(args.out, report)

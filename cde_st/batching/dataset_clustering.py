@@ -30,6 +30,7 @@ from cde_st.batching.surrogate import (
     import_model2vec,
     load_transformer_surrogate,
 )
+from cde_st.data import column
 from cde_st.defaults import default_surrogate_model_path
 
 if TYPE_CHECKING:
@@ -142,8 +143,8 @@ def cluster_dataset(
     else:
         if surrogate is None:
             surrogate = default_surrogate_model_path()
-        queries = ["" if t is None else t for t in dataset[options.query_column]]
-        documents = ["" if t is None else t for t in dataset[options.document_column]]
+        queries = ["" if t is None else t for t in column(dataset, options.query_column)]
+        documents = ["" if t is None else t for t in column(dataset, options.document_column)]
         surrogate_key = surrogate_cache_key(
             surrogate, options.surrogate_kind, options.static_fit_pairs, options.static_dims
         )

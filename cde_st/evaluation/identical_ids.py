@@ -14,6 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from cde_st.data import column
 from cde_st.evaluation.pools import corpus_texts
 
 logger = logging.getLogger(__name__)
@@ -121,12 +122,12 @@ def describe_identical_ids(task: Any) -> None:
     qrels: dict[str, dict[str, float]] = {}
     for splits in task.dataset.values():
         for data in splits.values():
-            query_ids = set(data["queries"]["id"])
-            shared += len(query_ids & set(data["corpus"]["id"]))
+            query_ids = set(column(data["queries"], "id"))
+            shared += len(query_ids & set(column(data["corpus"], "id")))
             total += len(query_ids)
             if getattr(task, "identical_ids_from_texts", False):
-                queries.update(zip(data["queries"]["id"], data["queries"]["text"]))
-                documents.update(zip(data["corpus"]["id"], corpus_texts(data["corpus"])))
+                queries.update(zip(column(data["queries"], "id"), column(data["queries"], "text")))
+                documents.update(zip(column(data["corpus"], "id"), corpus_texts(data["corpus"])))
                 for query, judged in (data.get("relevant_docs") or {}).items():
                     qrels.setdefault(query, {}).update(judged)
     if getattr(task, "identical_ids_from_texts", False):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cde_st.context import distinct_documents, fingerprint_texts, sample_context
-from cde_st.data import document_text
+from cde_st.data import column, document_text
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ def _subset_data(task: Any, hf_subset: str) -> Any:
 def corpus_texts(corpus: Any) -> list[str]:
     """Document texts of a retrieval corpus (a ``datasets.Dataset`` with ``text`` and optional ``title``), see
     :func:`cde_st.data.document_text`."""
-    texts = corpus["text"]
-    titles = corpus["title"] if "title" in corpus.column_names else [None] * len(texts)
+    texts = column(corpus, "text")
+    titles = column(corpus, "title") if "title" in corpus.column_names else [None] * len(texts)
     return [document_text(title, text) for title, text in zip(titles, texts)]
 
 
@@ -98,25 +98,25 @@ def context_pool(task: Any, hf_subset: str, hf_split: str) -> list[str]:
     if isinstance(task, AbsTaskRetrieval):
         pool = unique_texts(corpus_texts(data[hf_split]["corpus"]))
     elif isinstance(task, AbsTaskClassification):
-        column = task.input_column_name
-        pool = unique_texts(data[task.train_split][column]) if isinstance(column, str) else []
+        name = task.input_column_name
+        pool = unique_texts(column(data[task.train_split], name)) if isinstance(name, str) else []
     elif isinstance(task, (AbsTaskClustering, AbsTaskClusteringLegacy)):
-        column = task.input_column_name
-        pool = unique_texts(data[hf_split][column]) if isinstance(column, str) else []
+        name = task.input_column_name
+        pool = unique_texts(column(data[hf_split], name)) if isinstance(name, str) else []
     elif isinstance(task, AbsTaskSTS):
         split = data[hf_split]
-        pool = unique_texts(v for c in task.column_names if isinstance(c, str) for v in split[c])
+        pool = unique_texts(v for c in task.column_names if isinstance(c, str) for v in column(split, c))
     elif isinstance(task, AbsTaskPairClassification):
         split = data[hf_split]
         columns = [c for c in (task.input1_column_name, task.input2_column_name) if isinstance(c, str)]
-        pool = unique_texts(v for c in columns for v in split[c])
+        pool = unique_texts(v for c in columns for v in column(split, c))
     elif isinstance(task, AbsTaskSummarization):
         split = data[hf_split]
         columns = (task.text_column_name, task.human_summaries_column_name, task.machine_summaries_column_name)
-        pool = unique_texts(v for c in columns for v in split[c])
+        pool = unique_texts(v for c in columns for v in column(split, c))
     else:  # bitext mining, regression, ...: every text column of the split
         split = data[hf_split]
-        pool = unique_texts(v for c in split.column_names for v in split[c])
+        pool = unique_texts(v for c in split.column_names for v in column(split, c))
     if not pool:
         raise ValueError(
             f"Task {task.metadata.name} ({type(task).__name__}, subset {hf_subset}, split {hf_split}) has no text "

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cde_st.data import check_relevance_judgements
+from cde_st.data import check_relevance_judgements, column
 from cde_st.evaluation.identical_ids import apply_identical_ids
 from cde_st.evaluation.local_folders import find_local_task, list_local_tasks
 from cde_st.evaluation.local_tasks import load_local_task
@@ -109,8 +109,8 @@ def _check_retrieval_judgements(task: Any) -> None:
                 continue
             data["relevant_docs"] = check_relevance_judgements(
                 data["relevant_docs"],
-                {str(i) for i in data["queries"]["id"]},
-                {str(i) for i in data["corpus"]["id"]},
+                {str(i) for i in column(data["queries"], "id")},
+                {str(i) for i in column(data["corpus"], "id")},
                 where=f"mteb task {task.metadata.name} ({task.metadata.dataset.get('path')}), subset {subset}, "
                 f"split {split}",
             )

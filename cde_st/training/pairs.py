@@ -20,7 +20,7 @@ from pathlib import Path
 
 from datasets import Dataset, concatenate_datasets, load_dataset
 
-from cde_st.data import DataError, iter_lines, load_beir, read_jsonl_lines
+from cde_st.data import DataError, column, iter_lines, load_beir, read_jsonl_lines
 from cde_st.training.config import TrainConfig, TrainConfigError
 
 logger = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def pairs_for_max_steps(pairs: Dataset, max_steps: int, batch_size: int, process
     every epoch) cover all the steps. A ``--resume`` that changes ``max_steps`` therefore trains on another sample."""
     if max_steps is None or max_steps <= 0:
         return pairs
-    domains = len(set(pairs["domain"])) if "domain" in pairs.column_names else 1
+    domains = len(set(column(pairs, "domain"))) if "domain" in pairs.column_names else 1
     needed = max_steps * batch_size * processes + domains * (batch_size - 1)
     if needed >= len(pairs):
         return pairs
@@ -183,8 +183,8 @@ def check_pairs_can_teach(pairs: Dataset, sources: list[str]) -> None:
             f"{where}: only {n} pair{'s' if n != 1 else ''} to train on: the loss tells a query's document apart "
             "from the other pairs' documents, so training needs at least 2 pairs (in practice thousands)."
         )
-    queries = [q.strip() for q in pairs["query"]]
-    documents = [d.strip() for d in pairs["document"]]
+    queries = [q.strip() for q in column(pairs, "query")]
+    documents = [d.strip() for d in column(pairs, "document")]
     for key, texts in (("query", queries), ("document", documents)):
         blank = [i for i, t in enumerate(texts) if not t]
         if blank:
@@ -243,7 +243,7 @@ def load_pairs(cfg: TrainConfig) -> Dataset:
             parts.extend(_load_jsonl_pairs(path) for path in _jsonl_files(source))
     if not parts:
         raise NoTrainingDataError(f"No training data: set train_data to {TRAIN_DATA_HELP}.")
-    parts = [p if "source" in p.column_names else p.add_column("source", list(p["domain"])) for p in parts]
+    parts = [p if "source" in p.column_names else p.add_column("source", column(p, "domain")) for p in parts]
     pairs = concatenate_datasets(parts)
     if cfg.exclude_domains:
         excluded = set(cfg.exclude_domains)

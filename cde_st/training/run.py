@@ -31,6 +31,7 @@ from sentence_transformers.util import fullname
 from transformers import TrainerCallback
 
 from cde_st.batching import ClusteredBatchSampler
+from cde_st.data import column
 from cde_st.defaults import default_surrogate_model_path, load_default_surrogate
 from cde_st.evaluation.evaluators import ContextualRetrievalEvaluator, with_corpus_context
 from cde_st.losses import FilteredInfoNCELoss
@@ -182,7 +183,7 @@ def build_batch_sampler(cfg: TrainConfig, pairs: Dataset) -> BatchSamplers | par
         cluster_size=min(cfg.batch_size if cfg.cluster_size is None else cfg.cluster_size, len(pairs)),
         surrogate=model_path(cfg.surrogate, cfg),
         surrogate_kind=cfg.surrogate_kind,
-        domains=list(pairs["domain"]),  # a plain list: the trainer pickles these options into every checkpoint
+        domains=column(pairs, "domain"),  # a plain list: the trainer pickles these options into every checkpoint
         query_column="query",
         document_column="document",
         max_seq_length=cfg.max_seq_length,  # the surrogate sees what the model sees (and it is much faster)

@@ -33,11 +33,15 @@ def test_smoke_run_trains_both_models_and_scores_every_row(tmp_path):
         assert report["config_d"][key] == report["config_cp"][key], key
     assert report["config_d"]["query_prompt"] == report["config_cp"]["query_prompt"] == "search_query: "
     rows = [row["row"] for row in report["table"]]
-    assert rows == ["(a) zero-shot", "(cp)", "(d) J=0", "(d) J=4", "(d) J=8"]
+    assert rows == ["(a) zero-shot", "(a) with the prompts", "(cp)", "(d) J=0", "(d) J=4", "(d) J=8"]
     for name in ("(d) J=0", "(d) J=4", "(d) J=8"):
         j = int(name.split("=")[1])
         assert all(r["context"]["size"] == j for r in report["scores"][name].values())
     assert all(r["context"] is None for r in report["scores"]["(cp)"].values())
+    # the clustering is its own stage, before either training; both trainings then load it
+    assert report["clustering"]["loaded_from_cache"] is False and report["clustering"]["batches"] == 8
+    assert (result.stdout + result.stderr).count("Loaded the pair clustering") == 2
+    assert d["first_step_s"] is not None and d["step_s_median"] is not None
     for row in report["table"]:
         assert set(row) == {"row", "scifact", "med", "cacm", "lisa", "mean"}
         assert all(0 <= row[c] <= 100 for c in ("scifact", "med", "cacm", "lisa"))
@@ -68,3 +72,36 @@ def test_any_beir_folder_can_be_scored(tmp_path):
     assert report["corpora"] == ["extra_corpus"] and "errors" not in report
     assert all(set(row) == {"row", "extra_corpus", "mean"} for row in report["table"])
     assert "| row | extra_corpus | mean of 1 |" in (tmp_path / "out" / "scale_run.md").read_text(encoding="utf-8")
+
+
+def _smoke(tmp_path, *extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["CDE_ST_CACHE"] = str(tmp_path / "cache")
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", *extra], capture_output=True, text=True, timeout=600, env=env
+    )
+
+
+def test_cluster_only_prepares_the_clustering_a_later_run_loads(tmp_path):
+    """How the GPU run is prepared: --cluster-only here, the cache carried along, the run (same --work) loads it."""
+    work = tmp_path / "work"
+    first = _smoke(tmp_path, "--cluster-only", "--work", str(work), "--out", str(tmp_path / "out1"))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    prepared = json.loads((tmp_path / "out1" / "scale_run.json").read_text(encoding="utf-8"))
+    assert prepared["clustering"]["loaded_from_cache"] is False and prepared["training"] == {}
+    assert [p.name for p in (tmp_path / "cache" / "clusters").glob("*.npz")] == [prepared["clustering"]["cache_file"]]
+    second = _smoke(tmp_path, "--work", str(work), "--out", str(tmp_path / "out2"))
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    report = json.loads((tmp_path / "out2" / "scale_run.json").read_text(encoding="utf-8"))
+    assert report["clustering"]["loaded_from_cache"] is True
+    assert report["clustering"]["cache_file"] == prepared["clustering"]["cache_file"]
+    assert report["training"]["(d)"]["steps"] == 8 and "errors" not in report
+
+
+def test_work_folder_with_foreign_files_is_refused(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    result = _smoke(tmp_path, "--work", str(work), "--out", str(tmp_path / "out"))
+    assert result.returncode != 0 and "holds files this script did not make" in result.stderr
+    assert (work / "notes.txt").read_text() == "mine"

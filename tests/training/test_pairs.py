@@ -93,3 +93,16 @@ def test_lone_surrogate_in_training_data_names_file_line_and_field(tmp_path):
     cfg = TrainConfig(train_data=[str(path)])
     with pytest.raises(TrainingDataError, match=r"pairs.jsonl:2: field 'document' holds a lone surrogate"):
         load_pairs(cfg)
+
+
+def test_loading_reads_columns_not_rows(tmp_path, monkeypatch):
+    """load_pairs' checks read the pairs a column at a time: row by row they took 35 s for 287k pairs."""
+    import datasets
+
+    rows = [{"query": f"q{i}", "document": f"d{i}", "domain": "ab"[i % 2]} for i in range(40)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    column_type = type(datasets.Dataset.from_dict({"x": [1]})["x"])
+    if column_type is not list:
+        monkeypatch.setattr(column_type, "__iter__", lambda self: (_ for _ in ()).throw(AssertionError("row by row")))
+    pairs = load_pairs(TrainConfig(train_data=[str(tmp_path)], exclude_domains=["b"]))
+    assert len(pairs) == 20
