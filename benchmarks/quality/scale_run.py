@@ -463,6 +463,15 @@ def main() -> None:
         n_pairs = len(train_pairs)
         with stage_of(report, "cluster"):
             report["clustering"] = cluster(probe, train_pairs)  # the sampler's options do not depend on the model
+        if "clustering" not in report and args.surrogate_kind == "static" and not args.cluster_only:
+            # not found in the cache, and the static surrogate could not be made here (model2vec's distillation
+            # needs extras a GPU machine may lack): MiniLM itself clusters, slower, rather than no run at all
+            report["notes"].append("the static surrogate's clustering failed (errors: cluster); MiniLM clustered")
+            args.surrogate_kind = "transformer"
+            probe = make_config(args, "contextual", base, pairs, work / "probe", -1, 0)
+            with stage_of(report, "cluster_transformer"):
+                report["clustering"] = cluster(probe, train_pairs)
+        if "clustering" in report:
             log("clustering: " + json.dumps({k: v for k, v in report["clustering"].items() if k != "batch_sizes"}))
         write(args.out, report)
         if args.cluster_only:

@@ -105,3 +105,27 @@ def test_work_folder_with_foreign_files_is_refused(tmp_path):
     result = _smoke(tmp_path, "--work", str(work), "--out", str(tmp_path / "out"))
     assert result.returncode != 0 and "holds files this script did not make" in result.stderr
     assert (work / "notes.txt").read_text() == "mine"
+
+
+def test_without_model2vec_distillation_minilm_clusters_instead(tmp_path):
+    """The GPU machine lacks model2vec's distillation extras: on a cache miss the run clusters with the transformer
+    surrogate and says so, rather than failing every stage."""
+    blocker = tmp_path / "blocker" / "skeletoken"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('skeletoken is not installed on this machine')\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["CDE_ST_CACHE"] = str(tmp_path / "cache")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(blocker.parent), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "scale_run.json").read_text(encoding="utf-8"))
+    assert set(report["errors"]) == {"cluster"} and "skeletoken" in report["errors"]["cluster"]
+    assert any("MiniLM clustered" in note for note in report["notes"])
+    assert report["config_d"]["surrogate_kind"] == report["config_cp"]["surrogate_kind"] == "transformer"
+    assert report["training"]["(d)"]["steps"] == report["training"]["(cp)"]["steps"] == 8
