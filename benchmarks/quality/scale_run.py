@@ -370,7 +370,7 @@ def write(out: Path, report: dict) -> None:
     (out / "scale_run.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=os.environ.get("OUT"))
     parser.add_argument("--smoke", action="store_true")
@@ -413,14 +413,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.out is None:
         parser.error("--out is required when $OUT is not set")
-    started = time.monotonic()
-    deadline = started + args.budget_s
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("cde_st").setLevel(logging.INFO)
+    if not args.smoke and (args.data is None or args.model is None):
+        parser.error("--data and --model are required without --smoke")
+    return args
+
+
+def new_report(args: argparse.Namespace) -> dict:
     import torch
 
-    args.bf16 = bool(torch.cuda.is_available() and not args.smoke)
-    report = {
+    return {
         "command": "python benchmarks/quality/scale_run.py " + " ".join(sys.argv[1:]),
         "smoke": args.smoke,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -433,118 +434,135 @@ def main() -> None:
         "corpora": [],
         "notes": [],
     }
+
+
+def inputs(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
+    """The data folder and the float32 base model; ``--smoke`` builds tiny ones and sends them through the real
+    run's input path (a .tar.xz of the data, float16 weights widened back to float32)."""
+    if not args.smoke:
+        return prepare_data(args.data, work), str(widen_model(args.model, work))
+    args.batch_size, args.context_size, args.eval_sizes = 8, 8, [0, 4, 8]
+    args.eval_batch_size, args.logging_steps = 16, 2
+    folder, encoder = smoke_inputs(work)
+    archive = work / "smoke_data.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        for part in folder.iterdir():
+            tar.add(part, arcname=part.name)
+    return prepare_data(archive, work), str(widen_model(halve_model(Path(encoder), work), work))
+
+
+def cluster_stage(args, report: dict, base: str, pairs: list[str], train_pairs, work: Path) -> None:
+    """The clustering both trainings will load, as its own stage (into ``report["clustering"]``)."""
+    probe = make_config(args, "contextual", base, pairs, work / "probe", -1, 0)
+    with stage_of(report, "cluster"):
+        report["clustering"] = cluster(probe, train_pairs)  # the sampler's options do not depend on the model
+    if "clustering" not in report and args.surrogate_kind == "static" and not args.cluster_only:
+        # not found in the cache, and the static surrogate could not be made here (model2vec's distillation needs
+        # extras a GPU machine may lack): MiniLM itself clusters, slower, rather than no run at all
+        report["notes"].append("the static surrogate's clustering failed (errors: cluster); MiniLM clustered")
+        args.surrogate_kind = "transformer"
+        probe = make_config(args, "contextual", base, pairs, work / "probe", -1, 0)
+        with stage_of(report, "cluster_transformer"):
+            report["clustering"] = cluster(probe, train_pairs)
+    if "clustering" in report:
+        log("clustering: " + json.dumps({k: v for k, v in report["clustering"].items() if k != "batch_sizes"}))
+
+
+def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs, work: Path, deadline: float):
+    """(d), then (cp) stopped at (d)'s step, then the zero-shot rows; ``report`` is rewritten after each stage. A
+    stage that fails is recorded and the run goes on, so that one call still returns every number it could measure."""
+    import torch
+
+    n_pairs = len(train_pairs)
+    # one epoch of the sampler's batches (a cluster's remainder is a smaller batch of its own)
+    batch_sizes = report.get("clustering", {}).get("batch_sizes") or [args.batch_size] * -(-n_pairs // args.batch_size)
+    planned = len(batch_sizes)
+    warmup = max(1, round(args.warmup_fraction * planned))
+    report["plan"] = {"pairs": n_pairs, "planned_steps": planned, "warmup_steps": warmup}
+    log(f"{n_pairs} pairs: {planned} steps planned (one epoch), warm-up {warmup}")
+    corpora = {name: Path(folder) for name, folder in report["corpus_folders"].items()}
+
+    # (d) first: it sets the step count both models share. At its first step its set-up is known: (cp)'s is taken
+    # to be the same, and what is left after both set-ups and the scoring reserve is shared.
+    cfg_d = make_config(args, "contextual", base, pairs, work / "d", planned, warmup)
+    report["config_d"] = cfg_d.to_dict()
+    d_started = time.monotonic()
+
+    def d_deadline(first_step_at: float) -> float:
+        setup = first_step_at - d_started
+        return first_step_at + args.d_share * (deadline - first_step_at - setup - args.eval_reserve_s)
+
+    steps, per_scoring = None, args.eval_reserve_s / 6
+    with stage_of(report, "train_d"):
+        model_d, report["training"]["(d)"] = train_one(cfg_d, train_pairs, batch_sizes, d_deadline, None)
+        steps = report["training"]["(d)"]["steps"]
+        log(f"(d) trained: {report['training']['(d)']}")
+    write(args.out, report)
+    if "(d)" in report["training"]:
+        with stage_of(report, "score_d"):
+            for j in args.eval_sizes:
+                results = score(model_d, corpora, j, args.eval_batch_size)
+                report["scores"][f"(d) J={j}"] = results
+                log(f"(d) J={j}: " + ", ".join(f"{k} {v['ndcg_at_k']:.2f}" for k, v in results.items()))
+        per_scoring = report["stages_s"]["score_d"] / len(args.eval_sizes)
+        del model_d
+    free()
+    write(args.out, report)
+
+    # (cp): the same schedule, stopped at (d)'s step; its scoring and (a)'s kept in reserve
+    cp_deadline = deadline - 2.5 * per_scoring
+    cfg_cp = make_config(args, "biencoder", base, pairs, work / "cp", planned, warmup)
+    report["config_cp"] = cfg_cp.to_dict()
+    with stage_of(report, "train_cp"):
+        model_cp, report["training"]["(cp)"] = train_one(cfg_cp, train_pairs, batch_sizes, lambda _: cp_deadline, steps)
+        log(f"(cp) trained: {report['training']['(cp)']}")
+        if report["training"]["(cp)"]["steps"] != steps:
+            report["notes"].append(
+                f"(cp) stopped at {report['training']['(cp)']['steps']} steps, (d) at {steps}: not the same step count"
+            )
+    write(args.out, report)
+    if "(cp)" in report["training"]:
+        with stage_of(report, "score_cp"):
+            report["scores"]["(cp)"] = score(model_cp, corpora, None, args.eval_batch_size, prefixes=True)
+        del model_cp
+    free()
+    with stage_of(report, "score_a"):
+        from sentence_transformers import SentenceTransformer
+
+        zero_shot = SentenceTransformer(base, device="cuda" if torch.cuda.is_available() else "cpu")
+        report["scores"]["(a) zero-shot"] = score(zero_shot, corpora, None, args.eval_batch_size)
+        # the trained rows start from here, not from (a): MiniLM never saw these prompts, which cost it points
+        report["scores"]["(a) with the prompts"] = score(zero_shot, corpora, None, args.eval_batch_size, prefixes=True)
+    order = ["(a) zero-shot", "(a) with the prompts", "(cp)", *(f"(d) J={j}" for j in args.eval_sizes)]
+    report["table"] = [row_of(name, report["scores"][name]) for name in order if name in report["scores"]]
+
+
+def main() -> None:
+    args = parse_args()
+    started = time.monotonic()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("cde_st").setLevel(logging.INFO)
+    import torch
+
+    args.bf16 = bool(torch.cuda.is_available() and not args.smoke)
+    report = new_report(args)
     with work_folder(args.work) as work:
-        if args.smoke:
-            args.batch_size, args.context_size, args.eval_sizes = 8, 8, [0, 4, 8]
-            args.eval_batch_size, args.logging_steps = 16, 2
-            folder, encoder = smoke_inputs(work)
-            # through the real run's input path: a .tar.xz of the data, float16 weights widened back to float32
-            archive = work / "smoke_data.tar.xz"
-            with tarfile.open(archive, "w:xz") as tar:
-                for part in folder.iterdir():
-                    tar.add(part, arcname=part.name)
-            data = prepare_data(archive, work)
-            base = str(widen_model(halve_model(Path(encoder), work), work))
-        else:
-            if args.data is None or args.model is None:
-                parser.error("--data and --model are required without --smoke")
-            data = prepare_data(args.data, work)
-            base = str(widen_model(args.model, work))
+        data, base = inputs(args, work)
         pairs = [str(p) for p in (data / "pairs_wiki", data / "pairs") if p.is_dir()]
         folders = args.corpora or [data / "retrieval" / name for name in CORPORA]
-        corpora = {Path(folder).name: Path(folder) for folder in folders}
-        report["corpora"] = list(corpora)
+        report["corpus_folders"] = {Path(folder).name: str(folder) for folder in folders}
+        report["corpora"] = list(report["corpus_folders"])
         report["stages_s"]["inputs"] = round(time.monotonic() - started, 1)
         log(f"inputs ready: pairs {pairs}, base {base}")
         from cde_st.training.pairs import load_pairs
 
-        probe = make_config(args, "contextual", base, pairs, work / "probe", -1, 0)
-        train_pairs = load_pairs(probe)  # the same for both models (same data fields)
-        n_pairs = len(train_pairs)
-        with stage_of(report, "cluster"):
-            report["clustering"] = cluster(probe, train_pairs)  # the sampler's options do not depend on the model
-        if "clustering" not in report and args.surrogate_kind == "static" and not args.cluster_only:
-            # not found in the cache, and the static surrogate could not be made here (model2vec's distillation
-            # needs extras a GPU machine may lack): MiniLM itself clusters, slower, rather than no run at all
-            report["notes"].append("the static surrogate's clustering failed (errors: cluster); MiniLM clustered")
-            args.surrogate_kind = "transformer"
-            probe = make_config(args, "contextual", base, pairs, work / "probe", -1, 0)
-            with stage_of(report, "cluster_transformer"):
-                report["clustering"] = cluster(probe, train_pairs)
-        if "clustering" in report:
-            log("clustering: " + json.dumps({k: v for k, v in report["clustering"].items() if k != "batch_sizes"}))
+        # the same pairs for both models (same data fields)
+        train_pairs = load_pairs(make_config(args, "contextual", base, pairs, work / "probe", -1, 0))
+        cluster_stage(args, report, base, pairs, train_pairs, work)
         write(args.out, report)
         if args.cluster_only:
             return
-        # one epoch of the sampler's batches (a cluster's remainder is a smaller batch of its own)
-        batch_sizes = report.get("clustering", {}).get("batch_sizes") or [args.batch_size] * -(
-            -n_pairs // args.batch_size
-        )
-        planned = len(batch_sizes)
-        warmup = max(1, round(args.warmup_fraction * planned))
-        report["plan"] = {"pairs": n_pairs, "planned_steps": planned, "warmup_steps": warmup}
-        log(f"{n_pairs} pairs: {planned} steps planned (one epoch), warm-up {warmup}")
-
-        cfg_d = make_config(args, "contextual", base, pairs, work / "d", planned, warmup)
-        report["config_d"] = cfg_d.to_dict()
-
-        # (d) first: it sets the step count both models share. A stage that fails is recorded and the run goes on,
-        # so that one call still returns every number it could measure. At (d)'s first step its set-up is known:
-        # (cp)'s is taken to be the same, and what is left after both set-ups and the scoring reserve is shared.
-        d_started = time.monotonic()
-
-        def d_deadline(first_step_at: float) -> float:
-            setup = first_step_at - d_started
-            return first_step_at + args.d_share * (deadline - first_step_at - setup - args.eval_reserve_s)
-
-        steps, per_scoring = None, args.eval_reserve_s / 6
-        with stage_of(report, "train_d"):
-            model_d, report["training"]["(d)"] = train_one(cfg_d, train_pairs, batch_sizes, d_deadline, None)
-            steps = report["training"]["(d)"]["steps"]
-            log(f"(d) trained: {report['training']['(d)']}")
-        write(args.out, report)
-        if "(d)" in report["training"]:
-            with stage_of(report, "score_d"):
-                for j in args.eval_sizes:
-                    results = score(model_d, corpora, j, args.eval_batch_size)
-                    report["scores"][f"(d) J={j}"] = results
-                    log(f"(d) J={j}: " + ", ".join(f"{k} {v['ndcg_at_k']:.2f}" for k, v in results.items()))
-            per_scoring = report["stages_s"]["score_d"] / len(args.eval_sizes)
-            del model_d
-        free()
-        write(args.out, report)
-
-        # (cp): the same schedule, stopped at (d)'s step; its scoring and (a)'s kept in reserve
-        cp_deadline = deadline - 2.5 * per_scoring
-        cfg_cp = make_config(args, "biencoder", base, pairs, work / "cp", planned, warmup)
-        report["config_cp"] = cfg_cp.to_dict()
-        with stage_of(report, "train_cp"):
-            model_cp, report["training"]["(cp)"] = train_one(
-                cfg_cp, train_pairs, batch_sizes, lambda _: cp_deadline, steps
-            )
-            log(f"(cp) trained: {report['training']['(cp)']}")
-            if report["training"]["(cp)"]["steps"] != steps:
-                report["notes"].append(
-                    f"(cp) stopped at {report['training']['(cp)']['steps']} steps, (d) at {steps}: "
-                    "not the same step count"
-                )
-        write(args.out, report)
-        if "(cp)" in report["training"]:
-            with stage_of(report, "score_cp"):
-                report["scores"]["(cp)"] = score(model_cp, corpora, None, args.eval_batch_size, prefixes=True)
-            del model_cp
-        free()
-        with stage_of(report, "score_a"):
-            from sentence_transformers import SentenceTransformer
-
-            zero_shot = SentenceTransformer(base, device="cuda" if torch.cuda.is_available() else "cpu")
-            report["scores"]["(a) zero-shot"] = score(zero_shot, corpora, None, args.eval_batch_size)
-            # the trained rows start from here, not from (a): MiniLM never saw these prompts, which cost it points
-            report["scores"]["(a) with the prompts"] = score(
-                zero_shot, corpora, None, args.eval_batch_size, prefixes=True
-            )
-        order = ["(a) zero-shot", "(a) with the prompts", "(cp)", *(f"(d) J={j}" for j in args.eval_sizes)]
-        report["table"] = [row_of(name, report["scores"][name]) for name in order if name in report["scores"]]
+        train_and_score(args, report, base, pairs, train_pairs, work, started + args.budget_s)
         report["wall_s"] = round(time.monotonic() - started, 1)
         write(args.out, report)
     print((args.out / "scale_run.md").read_text(encoding="utf-8"))

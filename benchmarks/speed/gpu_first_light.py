@@ -52,10 +52,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULT = "RESULT "
-SECTIONS = ("agreement", "encode", "step", "sdpa", "kmeans")
-# Seconds per section at the real sizes: 250 in all, so that with start-up the run ends near 5 minutes.
-BUDGETS = {"agreement": 60, "encode": 60, "step": 70, "sdpa": 35, "kmeans": 25}
-SMOKE_BUDGETS = {"agreement": 60, "encode": 60, "step": 60, "sdpa": 60, "kmeans": 60}
+SECTIONS = ("agreement", "encode", "step", "sdpa", "kmeans", "surrogate")
+# Seconds per section at the real sizes: 290 in all, so that with start-up the run ends near 6 minutes.
+BUDGETS = {"agreement": 60, "encode": 60, "step": 70, "sdpa": 35, "kmeans": 25, "surrogate": 40}
+SMOKE_BUDGETS = {"agreement": 60, "encode": 60, "step": 60, "sdpa": 60, "kmeans": 60, "surrogate": 60}
 GRACE_S = 20  # past its budget a section's worker is killed: the soft checks inside failed to stop it
 
 MODERNBERT_BASE = {  # answerdotai/ModernBERT-base's public config (model fields), the cde-small-v2 backbone
@@ -114,6 +114,8 @@ FULL = dict(
     kmeans_pairs=1_000_000,
     kmeans_dim=384,
     kmeans_cluster_size=1024,
+    surrogate_pairs=8192,
+    surrogate_batch=1024,
 )
 SMOKE = dict(
     bert=dict(hidden_size=32, layers=6, heads=2, intermediate_size=64),
@@ -141,6 +143,8 @@ SMOKE = dict(
     kmeans_pairs=3000,
     kmeans_dim=16,
     kmeans_cluster_size=100,
+    surrogate_pairs=64,
+    surrogate_batch=16,
 )
 
 
@@ -661,12 +665,67 @@ def section_kmeans(sec: Section, ctx: dict) -> None:
     )
 
 
+def section_surrogate(sec: Section, ctx: dict) -> None:
+    """What the clustered sampler's transformer surrogate costs on this machine: pairs embedded per second by
+    ``embed_pairs`` (length 64, as the sampler does) with MiniLM's shape in float32 (this torch's matmul precision),
+    with TF32 matmuls, and in float16 / bfloat16 weights (with the lowest cosine to float32: whether a clustering would
+    see the same points), against the host's tokenisation rate alone (the ceiling any precision can reach)."""
+    import numpy as np
+    import torch
+
+    from cde_st.batching.surrogate import embed_pairs
+
+    sizes, device, tok = ctx["sizes"], ctx["device"], ctx["tokenizer"]
+    n, batch = sizes["surrogate_pairs"], sizes["surrogate_batch"]
+    queries = make_texts(tok, n, sizes["query_words"], seed=9)
+    documents = make_texts(tok, n, 60, seed=10)  # the wiki pairs' documents: 150-400 characters
+    reference: dict = {}
+
+    def tokenize_only() -> dict:
+        model = bi_encoder(ctx["bert_folder"], 64)
+        start = time.perf_counter()
+        for texts in (queries, documents):
+            for i in range(0, n, batch):
+                model.tokenize(texts[i : i + batch])
+        return {"pairs_per_s": n / (time.perf_counter() - start)}
+
+    def embed(dtype, tf32: bool = False) -> dict:
+        model = bi_encoder(ctx["bert_folder"], 64).to(device)
+        if dtype is not None:
+            model = model.to(dtype)
+        previous = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high" if tf32 else previous)
+        try:
+            embed_pairs(model, queries[:batch], documents[:batch], batch_size=batch)  # warm-up
+            _sync(device)
+            start = time.perf_counter()
+            q, d = embed_pairs(model, queries, documents, batch_size=batch, max_seq_length=64)
+            _sync(device)
+            seconds = time.perf_counter() - start
+        finally:
+            torch.set_float32_matmul_precision(previous)
+        row = {"pairs_per_s": n / seconds}
+        if not reference:
+            reference["q"], reference["d"] = q, d
+        else:
+            cosines = np.concatenate([(q * reference["q"]).sum(1), (d * reference["d"]).sum(1)])
+            row["min_cosine_to_fp32"] = float(cosines.min())
+        return row
+
+    sec.run({"surrogate": "tokenize only (host)", "pairs": n}, tokenize_only)
+    sec.run({"surrogate": f"fp32 ({torch.get_float32_matmul_precision()})", "pairs": n}, lambda: embed(None))
+    sec.run({"surrogate": "fp32, TF32 matmuls", "pairs": n}, lambda: embed(None, tf32=True))
+    sec.run({"surrogate": "float16 weights", "pairs": n}, lambda: embed(torch.float16))
+    sec.run({"surrogate": "bfloat16 weights", "pairs": n}, lambda: embed(torch.bfloat16))
+
+
 SECTION_FUNCS = {
     "agreement": section_agreement,
     "encode": section_encode,
     "step": section_step,
     "sdpa": section_sdpa,
     "kmeans": section_kmeans,
+    "surrogate": section_surrogate,
 }
 
 
@@ -889,6 +948,10 @@ def summary(report: dict) -> str:
     for row in report["rows"].get("kmeans", []):
         if row.get("status") == "ok":
             out.append(f"k-means {row['implementation']} on {row['where']}: {row['kmeans_s']:.1f} s, k={row['k']}")
+    for row in report["rows"].get("surrogate", []):
+        if row.get("status") == "ok":
+            cosine = f", min cosine to fp32 {row['min_cosine_to_fp32']:.5f}" if "min_cosine_to_fp32" in row else ""
+            out.append(f"surrogate {row['surrogate']}: {row['pairs_per_s']:.0f} pairs/s{cosine}")
     skipped = [f"{s}: {r.get('status')}" for s, rows in report["rows"].items() for r in rows if r.get("status") != "ok"]
     skipped += [f"{s}: {v['status']}" for s, v in report["sections"].items() if v["status"] != "done"]
     return "\n".join(out + [f"not ok: {line}" for line in skipped])

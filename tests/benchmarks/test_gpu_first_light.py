@@ -31,7 +31,7 @@ def run_script(*args: str, out: Path, timeout: int = 300) -> dict:
 def test_smoke_run_measures_every_section(tmp_path):
     report, stdout = run_script(out=tmp_path)
     assert {name: s["status"] for name, s in report["sections"].items()} == dict.fromkeys(
-        ["agreement", "encode", "step", "sdpa", "kmeans"], "done"
+        ["agreement", "encode", "step", "sdpa", "kmeans", "surrogate"], "done"
     )
     rows = report["rows"]
     assert [r["status"] for section in rows.values() for r in section] == ["ok"] * sum(map(len, rows.values()))
@@ -52,6 +52,11 @@ def test_smoke_run_measures_every_section(tmp_path):
     assert len(rows["sdpa"]) == 6 and all(isinstance(r["default"], dict) and r["math"] == "runs" for r in rows["sdpa"])
     torch_rows = [r for r in rows["kmeans"] if r["implementation"].startswith("torch")]
     assert len(torch_rows) == 1 and torch_rows[0]["k"] == 30 and torch_rows[0]["where"] == "cpu"
+    surrogate = {r["surrogate"]: r for r in rows["surrogate"]}
+    assert len(surrogate) == 5 and all(r["pairs_per_s"] > 0 for r in surrogate.values())
+    # the precisions are compared with the first float32 row: TF32 is float32 on a CPU; half precision is close
+    assert surrogate["fp32, TF32 matmuls"]["min_cosine_to_fp32"] > 0.9999
+    assert surrogate["bfloat16 weights"]["min_cosine_to_fp32"] > 0.9
     markdown = (tmp_path / "first_light.md").read_text(encoding="utf-8")
     assert all(f"## {name}" in markdown for name in rows) and "smoke run" in markdown
     assert "agreement mini" in stdout and "k-means torch" in stdout

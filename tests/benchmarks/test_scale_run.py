@@ -12,16 +12,18 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "scale_run.py"
 
 
-def test_smoke_run_trains_both_models_and_scores_every_row(tmp_path):
+def _smoke(tmp_path, *extra, pythonpath: str | None = None):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["CDE_ST_CACHE"] = str(tmp_path / "cache")  # the sampler's clustering cache: this run's own
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", *extra], capture_output=True, text=True, timeout=600, env=env
     )
+
+
+def test_smoke_run_trains_both_models_and_scores_every_row(tmp_path):
+    result = _smoke(tmp_path, "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "scale_run.json").read_text(encoding="utf-8"))
     assert "errors" not in report, report.get("errors")  # a failing stage is recorded, not raised
@@ -58,28 +60,12 @@ def test_any_beir_folder_can_be_scored(tmp_path):
     (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     (folder / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "question about rain"}) + "\n")
     (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td3\t1\n")
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env["CDE_ST_CACHE"] = str(tmp_path / "cache")
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--corpora", str(folder), "--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    result = _smoke(tmp_path, "--corpora", str(folder), "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "scale_run.json").read_text(encoding="utf-8"))
     assert report["corpora"] == ["extra_corpus"] and "errors" not in report
     assert all(set(row) == {"row", "extra_corpus", "mean"} for row in report["table"])
     assert "| row | extra_corpus | mean of 1 |" in (tmp_path / "out" / "scale_run.md").read_text(encoding="utf-8")
-
-
-def _smoke(tmp_path, *extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env["CDE_ST_CACHE"] = str(tmp_path / "cache")
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", *extra], capture_output=True, text=True, timeout=600, env=env
-    )
 
 
 def test_cluster_only_prepares_the_clustering_a_later_run_loads(tmp_path):
@@ -113,16 +99,7 @@ def test_without_model2vec_distillation_minilm_clusters_instead(tmp_path):
     blocker = tmp_path / "blocker" / "skeletoken"
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('skeletoken is not installed on this machine')\n")
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env["CDE_ST_CACHE"] = str(tmp_path / "cache")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(blocker.parent), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    result = _smoke(tmp_path, "--out", str(tmp_path / "out"), pythonpath=str(blocker.parent))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "scale_run.json").read_text(encoding="utf-8"))
     assert set(report["errors"]) == {"cluster"} and "skeletoken" in report["errors"]["cluster"]
