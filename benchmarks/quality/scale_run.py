@@ -164,7 +164,9 @@ def make_config(args, model: str, base: str, pairs: list[str], output_dir: Path,
     )
 
 
-def train_one(cfg, pairs, batch_sizes: list[int], deadline_from, stop_at: int | None) -> tuple[object, dict]:
+def train_one(
+    cfg, pairs, batch_sizes: list[int], deadline_from, stop_at: int | None, stop_reason: str = "the step (d) reached"
+) -> tuple[object, dict]:
     """Train as cde_st's ``train()`` does (same model, loss, optimizer, batches, arguments), with a callback that
     stops at ``stop_at`` steps or when the deadline passes, whichever comes first. ``deadline_from(t)`` gives that
     deadline (time.monotonic) from the time ``t`` of the first step: the set-up before it is measured, not guessed."""
@@ -199,7 +201,7 @@ def train_one(cfg, pairs, batch_sizes: list[int], deadline_from, stop_at: int | 
             # the first step carries one-off costs (CUDA context, kernel choice): later steps predict the next
             recent = self.step_times[1:][-20:] or self.step_times
             if stop_at is not None and state.global_step >= stop_at:
-                control.should_training_stop, self.stopped_by = True, f"the step (d) reached ({stop_at})"
+                control.should_training_stop, self.stopped_by = True, f"{stop_reason} ({stop_at})"
             elif now + statistics.median(recent) > self.deadline:
                 control.should_training_stop, self.stopped_by = True, "its wall-time share"
 
@@ -399,6 +401,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--d-share", type=float, default=0.6, help="(d)'s share of the training time left at its first step"
     )
+    parser.add_argument(
+        "--stop-at-step",
+        type=int,
+        help="(d) stops here at the latest (and (cp) with it): another seed's run trained to the same step",
+    )
     parser.add_argument("--batch-size", type=int, default=512, help="batch = cluster")
     parser.add_argument("--context-size", type=int, default=512, help="J of (d)")
     parser.add_argument("--max-seq-length", type=int, default=64)
@@ -494,7 +501,9 @@ def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs
 
     steps, per_scoring = None, args.eval_reserve_s / 6
     with stage_of(report, "train_d"):
-        model_d, report["training"]["(d)"] = train_one(cfg_d, train_pairs, batch_sizes, d_deadline, None)
+        model_d, report["training"]["(d)"] = train_one(
+            cfg_d, train_pairs, batch_sizes, d_deadline, args.stop_at_step, "--stop-at-step"
+        )
         steps = report["training"]["(d)"]["steps"]
         log(f"(d) trained: {report['training']['(d)']}")
     write(args.out, report)

@@ -106,3 +106,13 @@ def test_without_model2vec_distillation_minilm_clusters_instead(tmp_path):
     assert any("MiniLM clustered" in note for note in report["notes"])
     assert report["config_d"]["surrogate_kind"] == report["config_cp"]["surrogate_kind"] == "transformer"
     assert report["training"]["(d)"]["steps"] == report["training"]["(cp)"]["steps"] == 8
+
+
+def test_stop_at_step_caps_both_models(tmp_path):
+    """A second seed's call trains to the step the first reached (--stop-at-step), so the seeds are replicates."""
+    result = _smoke(tmp_path, "--stop-at-step", "5", "--eval-sizes", "0", "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "scale_run.json").read_text(encoding="utf-8"))
+    d, cp = report["training"]["(d)"], report["training"]["(cp)"]
+    assert d["steps"] == cp["steps"] == 5 and d["stopped_by"] == "--stop-at-step (5)"
+    assert d["pairs_seen"] == cp["pairs_seen"] == 40
