@@ -8,7 +8,7 @@ One reader per format, used by the evaluation kit, the in-training evaluators an
 - :func:`load_beir`: one split of a BEIR folder (``corpus.jsonl[.gz]``, ``queries.jsonl[.gz]``,
   ``qrels/<split>.tsv``) as a :class:`BeirSplit`, its judgements checked against its corpus and queries;
 - :func:`document_text`: the one rule that turns a retrieval document's title and text into the text a model reads;
-- :func:`column`: a ``datasets.Dataset`` column as a list, read in one piece.
+- :func:`column` / :func:`as_list`: a ``datasets.Dataset`` column as a list, read in one piece.
 
 Every problem with a file raises :class:`DataError` (a ``ValueError``) naming the file, and the line where there is
 one; problems that still leave something to score (a few judgements of unknown documents, repeated records) are
@@ -65,8 +65,17 @@ def column(dataset: Any, name: str) -> list[Any]:
     of microseconds a row: over a minute for the two text columns of 300k pairs); sliced, it reads the column in
     one piece, as a list, honouring a filter's or shuffle's row order.
     """
-    values = dataset[name]
-    return list(values) if isinstance(values, (list, tuple)) else values[:]
+    return as_list(dataset[name])
+
+
+def as_list(values: Any) -> list[Any]:
+    """``values`` as a new list: a datasets ``Column`` (what ``dataset[name]`` gives) is sliced, read in one piece,
+    rather than iterated row by row (see :func:`column`); any other iterable is listed."""
+    try:
+        from datasets.arrow_dataset import Column  # datasets >= 4
+    except ImportError:
+        return list(values)
+    return values[:] if isinstance(values, Column) else list(values)
 
 
 def _examples(ids: Sequence[str], n: int = 5) -> str:

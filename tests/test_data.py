@@ -164,3 +164,12 @@ def test_column_of_a_dict_of_lists_is_a_copy():
     values = column(data, "text")
     values.append("c")
     assert data["text"] == ["a", "b"] and values == ["a", "b", "c"]
+
+
+def test_as_list_slices_a_column_and_lists_anything_else():
+    import datasets
+
+    from cde_st.data import as_list
+
+    ds = datasets.Dataset.from_dict({"n": [3, 1, 2]}).sort("n")
+    assert as_list(ds["n"]) == [1, 2, 3] and as_list((1, 2)) == [1, 2] and as_list(x for x in "ab") == ["a", "b"]

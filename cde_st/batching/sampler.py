@@ -26,6 +26,7 @@ from cde_st.batching.packing import ClusterOrder, pack_clusters
 from cde_st.batching.static_surrogate import StaticSurrogate
 from cde_st.batching.surrogate import SURROGATE_KINDS, SurrogateKind, import_model2vec
 from cde_st.context import check_seed
+from cde_st.data import as_list, column
 from cde_st.distributed import world
 
 if TYPE_CHECKING:
@@ -231,7 +232,8 @@ class ClusteredBatchSampler(DefaultBatchSampler):
                 num_train_epochs=1,
                 per_device_train_batch_size=32,
                 # or domain_dataset=data: the same domains, read from its "domain" column
-                batch_sampler=partial(ClusteredBatchSampler, cluster_size=32, domains=list(data["domain"])),
+                # a plain list, read in one piece ([:]): the trainer saves these options with every checkpoint
+                batch_sampler=partial(ClusteredBatchSampler, cluster_size=32, domains=data["domain"][:]),
             )
             trainer = SentenceTransformerTrainer(
                 model=model,
@@ -405,9 +407,9 @@ class ClusteredBatchSampler(DefaultBatchSampler):
                     f"domain_dataset has {len(domain_dataset)} rows but the dataset to sample has {num_rows}; "
                     "they must be row-aligned (pass the dataset before removing its domain column)."
                 )
-            return list(domain_dataset[domain_column])
+            return column(domain_dataset, domain_column)
         if domains is not None:
-            domains = list(domains)
+            domains = as_list(domains)
             if len(domains) != num_rows:
                 raise ValueError(f"Got {len(domains)} domains for a dataset of {num_rows} rows; give one per row.")
             return domains
@@ -418,7 +420,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
                 f"Remove it from the training dataset and pass `domain_dataset=` or `domains=` instead.",
                 stacklevel=3,
             )
-            return list(dataset[domain_column])
+            return column(dataset, domain_column)
         return None
 
     @staticmethod
@@ -430,9 +432,9 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         domain_column: str,
     ) -> tuple[str, str]:
         columns = list(getattr(dataset, "column_names", None) or [])
-        for name, column in (("query_column", query_column), ("document_column", document_column)):
-            if column is not None and column not in columns:
-                raise ValueError(f"{name}={column!r} is not a column of the dataset (columns: {columns}).")
+        for name, given in (("query_column", query_column), ("document_column", document_column)):
+            if given is not None and given not in columns:
+                raise ValueError(f"{name}={given!r} is not a column of the dataset (columns: {columns}).")
         features = getattr(dataset, "features", None) or {}
         skip = set(label_columns) | set(_RESERVED_COLUMNS) | {domain_column}
         text_columns = [

@@ -154,6 +154,23 @@ def test_domains_from_list_domain_dataset_or_column():
     assert any(len({names[i] for i in batch}) > 1 for batch in mixed)
 
 
+def test_domains_are_read_a_column_at_a_time(monkeypatch):
+    """Domains given as a dataset column (``domains=ds["domain"]``), read from ``domain_dataset`` or from the dataset:
+    each read in one piece, never row by row (datasets >= 4 Columns), with the same batches as a plain list."""
+    n = 96
+    names = [("news", "qa")[i % 2] for i in range(n)]
+    full = pair_dataset(n, domain=names)
+    train = full.remove_columns("domain")
+    reference = list(make_sampler(train, domains=names))
+    column_type = type(full["domain"])
+    if column_type is not list:
+        monkeypatch.setattr(column_type, "__iter__", lambda self: (_ for _ in ()).throw(AssertionError("row by row")))
+    assert list(make_sampler(train, domains=full["domain"])) == reference
+    assert list(make_sampler(train, domain_dataset=full)) == reference
+    with pytest.warns(UserWarning, match="collator"):
+        assert list(make_sampler(full)) == reference
+
+
 def test_text_columns_detected_and_configurable(tiny_st_model, tmp_path):
     texts = [f"text {i}" for i in range(40)]
     ds = Dataset.from_dict({"score": [0.5] * 40, "anchor": texts, "positive": texts, "negative": texts})
