@@ -694,12 +694,13 @@ def section_surrogate(sec: Section, ctx: dict) -> None:
         if dtype is not None:
             model = model.to(dtype)
         previous = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision("high" if tf32 else previous)
+        if tf32:
+            torch.set_float32_matmul_precision("high")
         try:
-            embed_pairs(model, queries[:batch], documents[:batch], batch_size=batch)  # warm-up
+            embed_pairs(model, queries[:batch], documents[:batch], batch_size=batch)  # warm-up (length 64: the model's)
             _sync(device)
             start = time.perf_counter()
-            q, d = embed_pairs(model, queries, documents, batch_size=batch, max_seq_length=64)
+            q, d = embed_pairs(model, queries, documents, batch_size=batch)
             _sync(device)
             seconds = time.perf_counter() - start
         finally:
