@@ -5,15 +5,21 @@
 
 Trains two models from all-MiniLM-L6-v2 with the ``mini`` preset's recipe (cde_st/training/presets/mini.yaml) at the
 paper's small setting: max length 64, batch = cluster = 512, clustered batches (the same for both: same data, seed
-and sampler), false-negative filtering (guide: the same MiniLM), bf16, all pairs of ``--pairs`` (one epoch at most):
+and sampler), false-negative filtering (guide: the same MiniLM), bf16, all pairs of ``--pairs``, up to
+``--max-epochs`` passes over them:
 
 - (d) the preset's contextual model with J = 512 context slots (the batch's documents are its context);
 - (cp) the preset's bi-encoder (``model=biencoder``), trained and scored with the contextual model's prompts.
 
-(d) trains first, then (cp) with the same planned schedule (``max_steps``, warm-up) and a stop at the step (d)
-reached: a wall-time guard stops (d) when its share of ``--budget-s`` is spent, so both see the same number of
-steps and pairs. Then every model is scored on each BEIR folder of ``--corpora`` (default: SciFact, MED, CACM and
-LISA from ``--data``; any BEIR folders can be added) with NDCG@10 over the whole corpus (test split, max length 256,
+(d) trains first. Its learning rate follows transformers' linear schedule (warm-up over a tenth of an epoch, then a
+linear decay to 0) whose length (d) sets during the warm-up, from the median of its first timed steps: as many steps
+as fit its share of ``--budget-s``, at most ``--max-epochs`` epochs, so that the decay ends inside the lease instead
+of being cut short. A wall-time guard still stops it should later steps be slower. (cp) then trains on the same
+schedule and stops at the step (d) reached, so both see the same steps and pairs. ``--plan-steps`` fixes the length
+instead (a second seed's run, with ``--stop-at-step``).
+
+Then every model is scored on each BEIR folder of ``--corpora`` (default: SciFact, MED, CACM and LISA from
+``--data``; any BEIR folders can be added) with NDCG@10 over the whole corpus (test split, max length 256,
 the evaluation kit's prefixes, context sampling and identical-ids rule) by
 :func:`cde_st.evaluation.ndcg.score_beir_folder`, which needs neither mteb, beir nor pytrec_eval: (a) zero-shot
 MiniLM (the weights as carried), the same with the retrieval prompts, (cp), and (d) at J = 0, 64 and 512.
@@ -51,6 +57,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 CORPORA = ("scifact", "med", "cacm", "lisa")
+# (d) plans its schedule's length at this step (or at the warm-up's end if sooner) from its last 20 steps' median
+PLAN_AT_STEP = 31
 FIXED_MTIME_NS = 1_700_000_000 * 10**9
 logger = logging.getLogger("scale_run")
 
@@ -164,13 +172,44 @@ def make_config(args, model: str, base: str, pairs: list[str], output_dir: Path,
     )
 
 
+class LinearSchedule:
+    """transformers' linear schedule (warm-up from 0, then a linear decay to 0 at ``total``) with ``total`` open to
+    change: (d) plans it once its steps are timed. Changed during the warm-up, which does not depend on ``total``,
+    it gives every step the learning rate it would have had with that ``total`` from the start."""
+
+    def __init__(self, warmup: int, total: int) -> None:
+        self.warmup, self.total = warmup, total
+
+    def factor(self, step: int) -> float:
+        if step < self.warmup:
+            return step / max(1, self.warmup)
+        return max(0.0, (self.total - step) / max(1, self.total - self.warmup))
+
+
+def planned_total(step: int, seconds_left: float, step_s: float, cap: int, margin: float = 0.9) -> int:
+    """The schedule's length once ``step`` steps are done: the steps that fit in ``seconds_left`` at ``step_s`` a
+    step (with a margin for slower steps later), at most ``cap``, never fewer than those done."""
+    fit = step + int(margin * max(0.0, seconds_left) / step_s) if step_s > 0 else cap
+    return max(step, min(cap, fit))
+
+
 def train_one(
-    cfg, pairs, batch_sizes: list[int], deadline_from, stop_at: int | None, stop_reason: str = "the step (d) reached"
+    cfg,
+    pairs,
+    batch_sizes: list[int],
+    deadline_from,
+    stop_at: int | None,
+    schedule: LinearSchedule,
+    plan_at: int | None = None,
+    stop_reason: str = "the step (d) reached",
 ) -> tuple[object, dict]:
-    """Train as cde_st's ``train()`` does (same model, loss, optimizer, batches, arguments), with a callback that
-    stops at ``stop_at`` steps or when the deadline passes, whichever comes first. ``deadline_from(t)`` gives that
-    deadline (time.monotonic) from the time ``t`` of the first step: the set-up before it is measured, not guessed."""
+    """Train as cde_st's ``train()`` does (same model, loss, optimizer, batches, arguments) with ``schedule`` for
+    the learning rate and a callback that stops at the schedule's end, at ``stop_at`` steps or when the deadline
+    passes, whichever comes first. ``deadline_from(t)`` gives that deadline (time.monotonic) from the time ``t`` of
+    the first step: the set-up before it is measured, not guessed. With ``plan_at``, the schedule's length is set
+    at that step (within the warm-up) to the steps that fit before the deadline at the median step time so far."""
     import torch
+    from torch.optim.lr_scheduler import LambdaLR
     from transformers import TrainerCallback
 
     from cde_st.training.run import (
@@ -188,6 +227,7 @@ def train_one(
             self.step_times: list[float] = []
             self.last = None
             self.stopped_by = "schedule end"
+            self.plan: dict | None = None
 
         def on_step_begin(self, args, state, control, **kwargs):
             now = time.monotonic()
@@ -200,7 +240,20 @@ def train_one(
             self.step_times.append(now - self.last)
             # the first step carries one-off costs (CUDA context, kernel choice): later steps predict the next
             recent = self.step_times[1:][-20:] or self.step_times
-            if stop_at is not None and state.global_step >= stop_at:
+            if plan_at is not None and state.global_step == plan_at:
+                step_s = statistics.median(recent)
+                cap = schedule.total
+                schedule.total = planned_total(state.global_step, self.deadline - now, step_s, cap)
+                self.plan = {
+                    "at_step": plan_at,
+                    "step_s": round(step_s, 4),
+                    "seconds_left": round(self.deadline - now, 1),
+                    "cap": cap,
+                    "total": schedule.total,
+                }
+            if state.global_step >= schedule.total:
+                control.should_training_stop, self.stopped_by = True, "the schedule's end"
+            elif stop_at is not None and state.global_step >= stop_at:
                 control.should_training_stop, self.stopped_by = True, f"{stop_reason} ({stop_at})"
             elif now + statistics.median(recent) > self.deadline:
                 control.should_training_stop, self.stopped_by = True, "its wall-time share"
@@ -212,24 +265,29 @@ def train_one(
     sampler = batch_sampler(cfg, pairs)
     args = training_arguments(cfg, pairs, None, batch_sampler=sampler, save_strategy="no")
     guard = Guard()
+    optimizer = build_optimizer(cfg, model)
     trainer = MainProcessSavingTrainer(
         model=model,
         args=args,
         train_dataset=pairs.remove_columns("domain"),
         loss=loss,
-        optimizers=(build_optimizer(cfg, model), None),
+        optimizers=(optimizer, LambdaLR(optimizer, schedule.factor)),
         callbacks=[guard],
     )
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
     end = time.monotonic()
+    steps = trainer.state.global_step
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     info = {
-        "steps": trainer.state.global_step,
-        "pairs_seen": sum(batch_sizes[: trainer.state.global_step]),
+        "steps": steps,
+        "pairs_seen": sum(batch_sizes[:steps]),
         "pairs_available": len(pairs),
         "stopped_by": guard.stopped_by,
+        "schedule": {"warmup_steps": schedule.warmup, "total_steps": schedule.total, "planned": guard.plan},
+        # 0 where the schedule ran to its end; above 0 where a stop cut its decay short
+        "lr_factor_at_stop": round(schedule.factor(steps), 4),
         "setup_s": round((guard.first_step_at or end) - start, 1),  # data, model, surrogate embedding, k-means
         "train_s": round(end - (guard.first_step_at or end), 1),
         "first_step_s": round(guard.step_times[0], 4) if guard.step_times else None,
@@ -253,9 +311,10 @@ def batch_sampler(cfg, pairs):
     return functools.partial(sampler, encode_batch_size=1024) if isinstance(sampler, functools.partial) else sampler
 
 
-def cluster(cfg, pairs) -> dict:
+def cluster(cfg, pairs, epochs: int) -> dict:
     """Cluster the pairs as the trainer's sampler will (same options, same seed), so that both trainings load the
-    clustering from the cache and their set-up times hold no embedding or k-means. Says whether it was cached."""
+    clustering from the cache and their set-up times hold no embedding or k-means. Says whether it was cached, and
+    the batch sizes of ``epochs`` epochs in the order both trainings see them (each epoch reorders the batches)."""
     from cde_st.batching.cache import default_cache_dir
 
     before = set(default_cache_dir().glob("clusters-*.npz")) if default_cache_dir().is_dir() else set()
@@ -263,9 +322,13 @@ def cluster(cfg, pairs) -> dict:
         pairs.remove_columns("domain"), batch_size=cfg.batch_size, drop_last=False, seed=cfg.seed
     )
     path = getattr(sampler, "cache_path", None)
+    sizes = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)  # as the trainer does before each epoch
+        sizes += [len(batch) for batch in sampler]
     return {
-        "batches": len(sampler),
-        "batch_sizes": [len(batch) for batch in sampler],  # epoch 0, the order both trainings see
+        "batches": len(sampler),  # one epoch's
+        "batch_sizes": sizes,
         "cache_file": None if path is None else Path(path).name,
         "loaded_from_cache": path is not None and Path(path) in before,
         "timings_s": {k: round(v, 1) for k, v in (getattr(sampler, "timings", None) or {}).items()},
@@ -349,15 +412,24 @@ def write(out: Path, report: dict) -> None:
         )
     lines += [
         "",
-        "| model | steps | pairs seen | stopped by | setup (s) | training (s) | first step (s) | later steps (s, median) "
-        "| peak GPU memory (GiB) |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| model | steps | epochs | pairs seen | stopped by | learning rate at the stop (of its peak) | setup (s) "
+        "| training (s) | first step (s) | later steps (s, median) | peak GPU memory (GiB) |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, t in report["training"].items():
         lines.append(
-            f"| {name} | {t['steps']} | {t['pairs_seen']:,} of {t['pairs_available']:,} | {t['stopped_by']} | "
-            f"{t['setup_s']} | {t['train_s']} | {t['first_step_s']} | {t['step_s_median']} | {t['peak_memory_gib']} |"
+            f"| {name} | {t['steps']} | {t.get('epochs')} | {t['pairs_seen']:,} of {t['pairs_available']:,} | "
+            f"{t['stopped_by']} | {t['lr_factor_at_stop']} | {t['setup_s']} | {t['train_s']} | {t['first_step_s']} | "
+            f"{t['step_s_median']} | {t['peak_memory_gib']} |"
         )
+    if report.get("plan"):
+        planned = (report["training"].get("(d)") or {}).get("schedule", {}).get("planned")
+        lines += [
+            "",
+            "Schedule: "
+            + json.dumps(report["plan"])
+            + (f"; (d) planned it: {json.dumps(planned)}." if planned else "."),
+        ]
     lines += [
         "",
         "Clustering: "
@@ -399,12 +471,32 @@ def parse_args() -> argparse.Namespace:
         "--eval-reserve-s", type=float, default=90, help="kept for scoring (d), (cp) and (a): 75 s on an H100"
     )
     parser.add_argument(
-        "--d-share", type=float, default=0.6, help="(d)'s share of the training time left at its first step"
+        "--d-share",
+        type=float,
+        default=0.55,
+        help="(d)'s share of the training time left at its first step; (cp) needs the rest: its step costs 0.51x "
+        "(d)'s on an H100 (first light, length 128, before the filter's guide adds the same to both)",
     )
     parser.add_argument(
         "--stop-at-step",
         type=int,
         help="(d) stops here at the latest (and (cp) with it): another seed's run trained to the same step",
+    )
+    parser.add_argument(
+        "--max-epochs",
+        type=int,
+        default=3,
+        help="the longest schedule (d) may plan: after its first steps it plans as many steps as fit its time share",
+    )
+    parser.add_argument(
+        "--plan-steps",
+        type=int,
+        help="the schedule's length, fixed (another seed's run: the length the first planned, with --stop-at-step)",
+    )
+    parser.add_argument(
+        "--no-zero-shot",
+        action="store_true",
+        help="leave out the (a) rows, which do not depend on --seed (another seed's run: its time goes to training)",
     )
     parser.add_argument("--batch-size", type=int, default=512, help="batch = cluster")
     parser.add_argument("--context-size", type=int, default=512, help="J of (d)")
@@ -414,7 +506,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--corpora", type=Path, nargs="+", help="BEIR folders to score (default: the four in --data's retrieval/)"
     )
-    parser.add_argument("--eval-sizes", type=int, nargs="+", default=[0, 64, 512], help="J of (d) when scored")
+    parser.add_argument(
+        "--eval-sizes", type=int, nargs="+", help="J of (d) when scored (default 0 64 512; --smoke: 0 4 8)"
+    )
     parser.add_argument("--eval-batch-size", type=int, default=256)
     parser.add_argument("--logging-steps", type=int, default=20)
     args = parser.parse_args()
@@ -422,6 +516,8 @@ def parse_args() -> argparse.Namespace:
         parser.error("--out is required when $OUT is not set")
     if not args.smoke and (args.data is None or args.model is None):
         parser.error("--data and --model are required without --smoke")
+    if not args.smoke:
+        args.eval_sizes = args.eval_sizes or [0, 64, 512]
     return args
 
 
@@ -448,7 +544,7 @@ def inputs(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
     run's input path (a .tar.xz of the data, float16 weights widened back to float32)."""
     if not args.smoke:
         return prepare_data(args.data, work), str(widen_model(args.model, work))
-    args.batch_size, args.context_size, args.eval_sizes = 8, 8, [0, 4, 8]
+    args.batch_size, args.context_size, args.eval_sizes = 8, 8, args.eval_sizes or [0, 4, 8]
     args.eval_batch_size, args.logging_steps = 16, 2
     folder, encoder = smoke_inputs(work)
     archive = work / "smoke_data.tar.xz"
@@ -461,8 +557,8 @@ def inputs(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
 def cluster_stage(args, report: dict, base: str, pairs: list[str], train_pairs, work: Path) -> None:
     """The clustering both trainings will load, as its own stage (into ``report["clustering"]``)."""
     probe = make_config(args, "contextual", base, pairs, work / "probe", -1, 0)
-    with stage_of(report, "cluster"):
-        report["clustering"] = cluster(probe, train_pairs)  # the sampler's options do not depend on the model
+    with stage_of(report, "cluster"):  # the sampler's options do not depend on the model
+        report["clustering"] = cluster(probe, train_pairs, args.max_epochs)
     if "clustering" not in report and args.surrogate_kind == "static" and not args.cluster_only:
         # not found in the cache, and the static surrogate could not be made here (model2vec's distillation needs
         # extras a GPU machine may lack): MiniLM itself clusters, slower, rather than no run at all
@@ -470,7 +566,7 @@ def cluster_stage(args, report: dict, base: str, pairs: list[str], train_pairs, 
         args.surrogate_kind = "transformer"
         probe = make_config(args, "contextual", base, pairs, work / "probe", -1, 0)
         with stage_of(report, "cluster_transformer"):
-            report["clustering"] = cluster(probe, train_pairs)
+            report["clustering"] = cluster(probe, train_pairs, args.max_epochs)
     if "clustering" in report:
         log("clustering: " + json.dumps({k: v for k, v in report["clustering"].items() if k != "batch_sizes"}))
 
@@ -481,17 +577,31 @@ def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs
     import torch
 
     n_pairs = len(train_pairs)
-    # one epoch of the sampler's batches (a cluster's remainder is a smaller batch of its own)
-    batch_sizes = report.get("clustering", {}).get("batch_sizes") or [args.batch_size] * -(-n_pairs // args.batch_size)
-    planned = len(batch_sizes)
-    warmup = max(1, round(args.warmup_fraction * planned))
-    report["plan"] = {"pairs": n_pairs, "planned_steps": planned, "warmup_steps": warmup}
-    log(f"{n_pairs} pairs: {planned} steps planned (one epoch), warm-up {warmup}")
+    # the sampler's batches, epoch after epoch (a cluster's remainder is a smaller batch of its own)
+    epoch_steps = report.get("clustering", {}).get("batches") or -(-n_pairs // args.batch_size)
+    batch_sizes = report.get("clustering", {}).get("batch_sizes") or [args.batch_size] * epoch_steps * args.max_epochs
+    # the warm-up is a share of one epoch, whatever the schedule's length: (d) plans that length within it
+    warmup = max(1, round(args.warmup_fraction * epoch_steps))
+    cap = args.plan_steps or args.max_epochs * epoch_steps
+    if cap > len(batch_sizes):
+        raise SystemExit(
+            f"--plan-steps {cap} is more than --max-epochs {args.max_epochs} epochs ({len(batch_sizes)} steps): "
+            "raise --max-epochs"
+        )
+    report["plan"] = {
+        "pairs": n_pairs,
+        "epoch_steps": epoch_steps,
+        "warmup_steps": warmup,
+        "planned_steps": cap,
+        "planned_by": "--plan-steps" if args.plan_steps else f"(d)'s step time, at most {args.max_epochs} epochs",
+    }
+    log(f"{n_pairs} pairs, {epoch_steps} steps an epoch, warm-up {warmup}: {report['plan']['planned_by']}")
     corpora = {name: Path(folder) for name, folder in report["corpus_folders"].items()}
 
     # (d) first: it sets the step count both models share. At its first step its set-up is known: (cp)'s is taken
     # to be the same, and what is left after both set-ups and the scoring reserve is shared.
-    cfg_d = make_config(args, "contextual", base, pairs, work / "d", planned, warmup)
+    cfg_d = make_config(args, "contextual", base, pairs, work / "d", cap, warmup)
+    schedule = LinearSchedule(warmup, cap)
     report["config_d"] = cfg_d.to_dict()
     d_started = time.monotonic()
 
@@ -502,9 +612,17 @@ def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs
     steps, per_scoring = None, args.eval_reserve_s / 6
     with stage_of(report, "train_d"):
         model_d, report["training"]["(d)"] = train_one(
-            cfg_d, train_pairs, batch_sizes, d_deadline, args.stop_at_step, "--stop-at-step"
+            cfg_d,
+            train_pairs,
+            batch_sizes,
+            d_deadline,
+            args.stop_at_step,
+            schedule,
+            plan_at=None if args.plan_steps else min(PLAN_AT_STEP, warmup),
+            stop_reason="--stop-at-step",
         )
         steps = report["training"]["(d)"]["steps"]
+        report["training"]["(d)"]["epochs"] = round(steps / epoch_steps, 2)
         log(f"(d) trained: {report['training']['(d)']}")
     write(args.out, report)
     if "(d)" in report["training"]:
@@ -520,10 +638,14 @@ def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs
 
     # (cp): the same schedule, stopped at (d)'s step; its scoring and (a)'s kept in reserve
     cp_deadline = deadline - 2.5 * per_scoring
-    cfg_cp = make_config(args, "biencoder", base, pairs, work / "cp", planned, warmup)
+    report["plan"]["planned_steps"] = schedule.total
+    cfg_cp = make_config(args, "biencoder", base, pairs, work / "cp", schedule.total, warmup)
     report["config_cp"] = cfg_cp.to_dict()
     with stage_of(report, "train_cp"):
-        model_cp, report["training"]["(cp)"] = train_one(cfg_cp, train_pairs, batch_sizes, lambda _: cp_deadline, steps)
+        model_cp, report["training"]["(cp)"] = train_one(
+            cfg_cp, train_pairs, batch_sizes, lambda _: cp_deadline, steps, LinearSchedule(warmup, schedule.total)
+        )
+        report["training"]["(cp)"]["epochs"] = round(report["training"]["(cp)"]["steps"] / epoch_steps, 2)
         log(f"(cp) trained: {report['training']['(cp)']}")
         if report["training"]["(cp)"]["steps"] != steps:
             report["notes"].append(
@@ -535,13 +657,16 @@ def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs
             report["scores"]["(cp)"] = score(model_cp, corpora, None, args.eval_batch_size, prefixes=True)
         del model_cp
     free()
-    with stage_of(report, "score_a"):
-        from sentence_transformers import SentenceTransformer
+    if not args.no_zero_shot:
+        with stage_of(report, "score_a"):
+            from sentence_transformers import SentenceTransformer
 
-        zero_shot = SentenceTransformer(base, device="cuda" if torch.cuda.is_available() else "cpu")
-        report["scores"]["(a) zero-shot"] = score(zero_shot, corpora, None, args.eval_batch_size)
-        # the trained rows start from here, not from (a): MiniLM never saw these prompts, which cost it points
-        report["scores"]["(a) with the prompts"] = score(zero_shot, corpora, None, args.eval_batch_size, prefixes=True)
+            zero_shot = SentenceTransformer(base, device="cuda" if torch.cuda.is_available() else "cpu")
+            report["scores"]["(a) zero-shot"] = score(zero_shot, corpora, None, args.eval_batch_size)
+            # the trained rows start from here, not from (a): MiniLM never saw these prompts, which cost it points
+            report["scores"]["(a) with the prompts"] = score(
+                zero_shot, corpora, None, args.eval_batch_size, prefixes=True
+            )
     order = ["(a) zero-shot", "(a) with the prompts", "(cp)", *(f"(d) J={j}" for j in args.eval_sizes)]
     report["table"] = [row_of(name, report["scores"][name]) for name in order if name in report["scores"]]
 

@@ -3,6 +3,7 @@ scores every row on four BEIR folders without mteb (the real run is on a GPU, wh
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -28,8 +29,14 @@ def test_smoke_run_trains_both_models_and_scores_every_row(tmp_path):
     report = json.loads((tmp_path / "out" / "scale_run.json").read_text(encoding="utf-8"))
     assert "errors" not in report, report.get("errors")  # a failing stage is recorded, not raised
     d, cp = report["training"]["(d)"], report["training"]["(cp)"]
-    assert d["steps"] == cp["steps"] == report["plan"]["planned_steps"] == 8  # 64 tiny pairs, batch 8
-    assert d["pairs_seen"] == cp["pairs_seen"] == 64 and cp["stopped_by"].startswith("the step (d) reached")
+    # 64 tiny pairs, batch 8: 8 steps an epoch; time is plenty, so (d) plans the longest schedule, 3 epochs
+    assert report["plan"]["epoch_steps"] == 8 and d["schedule"]["planned"]["total"] == 24
+    assert d["steps"] == cp["steps"] == report["plan"]["planned_steps"] == 24 and d["epochs"] == cp["epochs"] == 3
+    assert d["pairs_seen"] == cp["pairs_seen"] == 3 * 64
+    assert d["stopped_by"] == cp["stopped_by"] == "the schedule's end"
+    assert d["lr_factor_at_stop"] == cp["lr_factor_at_stop"] == 0  # the decay ran to its end
+    assert d["schedule"] == {**cp["schedule"], "planned": d["schedule"]["planned"]}  # (cp) trains on (d)'s schedule
+    assert report["config_d"]["max_steps"] == 24 and report["config_cp"]["max_steps"] == 24
     assert report["config_d"]["model"] == "contextual" and report["config_cp"]["model"] == "biencoder"
     for key in ("batch_size", "cluster_size", "max_seq_length", "seed", "learning_rate", "filter_false_negatives"):
         assert report["config_d"][key] == report["config_cp"][key], key
@@ -81,7 +88,7 @@ def test_cluster_only_prepares_the_clustering_a_later_run_loads(tmp_path):
     report = json.loads((tmp_path / "out2" / "scale_run.json").read_text(encoding="utf-8"))
     assert report["clustering"]["loaded_from_cache"] is True
     assert report["clustering"]["cache_file"] == prepared["clustering"]["cache_file"]
-    assert report["training"]["(d)"]["steps"] == 8 and "errors" not in report
+    assert report["training"]["(d)"]["steps"] == 24 and "errors" not in report
 
 
 def test_work_folder_with_foreign_files_is_refused(tmp_path):
@@ -105,14 +112,73 @@ def test_without_model2vec_distillation_minilm_clusters_instead(tmp_path):
     assert set(report["errors"]) == {"cluster"} and "skeletoken" in report["errors"]["cluster"]
     assert any("MiniLM clustered" in note for note in report["notes"])
     assert report["config_d"]["surrogate_kind"] == report["config_cp"]["surrogate_kind"] == "transformer"
-    assert report["training"]["(d)"]["steps"] == report["training"]["(cp)"]["steps"] == 8
+    assert report["training"]["(d)"]["steps"] == report["training"]["(cp)"]["steps"] == 24
 
 
-def test_stop_at_step_caps_both_models(tmp_path):
-    """A second seed's call trains to the step the first reached (--stop-at-step), so the seeds are replicates."""
-    result = _smoke(tmp_path, "--stop-at-step", "5", "--eval-sizes", "0", "--out", str(tmp_path / "out"))
+def test_stop_at_step_caps_both_models_on_a_fixed_schedule(tmp_path):
+    """A second seed's call trains on the schedule the first planned (--plan-steps) to the step the first reached
+    (--stop-at-step), so the seeds are replicates; it may leave out the (a) rows, which do not depend on the seed."""
+    result = _smoke(
+        tmp_path, "--plan-steps", "12", "--stop-at-step", "10", "--eval-sizes", "0", "--no-zero-shot",
+        "--out", str(tmp_path / "out"),
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "scale_run.json").read_text(encoding="utf-8"))
     d, cp = report["training"]["(d)"], report["training"]["(cp)"]
-    assert d["steps"] == cp["steps"] == 5 and d["stopped_by"] == "--stop-at-step (5)"
-    assert d["pairs_seen"] == cp["pairs_seen"] == 40
+    assert d["steps"] == cp["steps"] == 10 and d["stopped_by"] == "--stop-at-step (10)"
+    assert d["pairs_seen"] == cp["pairs_seen"] == 80 and d["epochs"] == 1.25  # into the second epoch
+    assert d["schedule"] == cp["schedule"] == {"warmup_steps": 1, "total_steps": 12, "planned": None}
+    assert report["plan"]["planned_by"] == "--plan-steps" and d["lr_factor_at_stop"] == round(2 / 11, 4)
+    assert [row["row"] for row in report["table"]] == ["(cp)", "(d) J=0"]
+
+
+def test_d_plans_the_schedule_that_fits_its_time_share(tmp_path):
+    """With little time, (d) times its first steps and plans fewer steps than --max-epochs allow, so that the
+    learning rate's decay ends within the budget; (cp) trains on that same schedule to the same step."""
+    result = _smoke(
+        tmp_path, "--max-epochs", "100", "--warmup-fraction", "2", "--budget-s", "110", "--eval-reserve-s", "90",
+        "--eval-sizes", "0", "--no-zero-shot", "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "scale_run.json").read_text(encoding="utf-8"))
+    d, cp = report["training"]["(d)"], report["training"]["(cp)"]
+    planned = d["schedule"]["planned"]
+    # planned at the warm-up's end (16 steps: twice an epoch), from the median of steps 2-16
+    assert planned["at_step"] == 16 and planned["cap"] == 800 and 16 <= planned["total"] < 800
+    assert d["schedule"]["total_steps"] == report["plan"]["planned_steps"] == planned["total"]
+    assert d["stopped_by"] in ("the schedule's end", "its wall-time share") and d["steps"] <= planned["total"]
+    assert cp["steps"] == d["steps"] and cp["schedule"]["total_steps"] == planned["total"]
+    assert report["config_cp"]["max_steps"] == planned["total"]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("scale_run", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_schedule_is_transformers_linear_schedule():
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    schedule = _script().LinearSchedule(warmup=5, total=40)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    reference = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=5, num_training_steps=40)
+    assert [schedule.factor(step) for step in range(45)] == [reference.lr_lambdas[0](step) for step in range(45)]
+
+
+def test_a_length_set_within_the_warm_up_changes_no_step_taken():
+    module = _script()
+    planned, fixed = module.LinearSchedule(warmup=10, total=1000), module.LinearSchedule(warmup=10, total=300)
+    before = [planned.factor(step) for step in range(11)]
+    planned.total = 300
+    assert before == [fixed.factor(step) for step in range(11)]
+    assert [planned.factor(step) for step in range(400)] == [fixed.factor(step) for step in range(400)]
+
+
+def test_planned_total_fits_the_time_left():
+    planned_total = _script().planned_total
+    assert planned_total(11, seconds_left=100.0, step_s=0.1, cap=5000) == 11 + 900  # with the 10% margin
+    assert planned_total(11, seconds_left=100.0, step_s=0.1, cap=500) == 500  # at most the cap
+    assert planned_total(11, seconds_left=-3.0, step_s=0.1, cap=500) == 11  # no time left: stop where it is
