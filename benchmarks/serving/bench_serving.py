@@ -41,6 +41,7 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 
 from cde_st.data import document_text  # noqa: E402
+from cde_st.serving.engine import Engine  # noqa: E402
 
 SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "retrieval" / "scifact"
 LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
@@ -164,9 +165,21 @@ def load_in_process(folder: Path, kind: str):
 
 
 def in_process(model, texts: list[str], batch_size: int) -> float:
-    """Seconds ``model.encode`` takes for ``texts`` (document prompt, as the server's requests)."""
+    """Seconds ``model.encode`` takes for ``texts`` (document prompt, as the server's requests). encode sorts all
+    ``texts`` by length before it cuts batches, so a batch holds texts of about one length: little padding."""
     t0 = time.perf_counter()
     model.encode(texts, prompt=model.prompts["document"], batch_size=batch_size)
+    return time.perf_counter() - t0
+
+
+def server_forwards(engine, texts: list[str], batch_size: int) -> float:
+    """Seconds the server's forward (``Engine.embed``, what one batch of the server runs) takes for ``texts`` in
+    batches of ``batch_size`` in arrival order, in this process: a server's batch holds whatever arrived together,
+    so this is what its forwards cost without the server (no event loop, no clients, no other thread)."""
+    context = engine.model_context
+    t0 = time.perf_counter()
+    for start in range(0, len(texts), batch_size):
+        engine.embed(texts[start : start + batch_size], "document", context)
     return time.perf_counter() - t0
 
 
@@ -185,6 +198,12 @@ def main() -> None:
     )
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (each measurement gets a slice of each)")
     p.add_argument("--in-process-texts", type=int, default=512, help="texts encoded in-process (all rounds)")
+    p.add_argument(
+        "--forward-batch",
+        type=int,
+        default=16,
+        help="batch of the in-process server-forward row (32 single-text clients are served about 16 at a time)",
+    )
     p.add_argument("--context-size", type=int, default=512)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
@@ -204,9 +223,10 @@ def main() -> None:
     texts = scifact(args.texts)
     texts = [texts[i] for i in np.random.default_rng(0).permutation(len(texts))]
 
-    measurements = []  # (model, clients, texts per request); clients None: in-process encode
+    # (model, clients, texts per request); clients None: in-process encode, "forward": the server's forward in-process
+    measurements = []
     for kind in args.models:
-        measurements.append((kind, None, None))
+        measurements += [(kind, None, None), (kind, "forward", None)]
         measurements += [(kind, clients, size) for size in args.sizes for clients in args.clients]
     totals = {m: {"texts": 0, "seconds": 0.0, "latencies": [], "forwards": 0.0, "forward_texts": 0.0,
                "forward_seconds": 0.0}
@@ -214,18 +234,25 @@ def main() -> None:
     # Both servers run from the start (an idle one costs nothing), so their measurements can take turns.
     servers = {kind: Server(folders[kind], work / f"server-{kind}.log", args.max_batch_size, args.max_wait_ms)
                for kind in args.models}  # fmt: skip
-    models = {kind: load_in_process(folders[kind], kind) for kind in args.models}
+    engines = {}  # the server's forward, in this process
     try:
+        models = {kind: load_in_process(folders[kind], kind) for kind in args.models}
+        for kind in args.models:
+            engines[kind] = Engine(str(folders[kind]))
+            engines[kind].embed(["warm-up"] * 4, "document", engines[kind].model_context)
         for round_ in range(args.rounds):
             # Every measurement gets one slice per round, in alternating order: the machine's load, which moves
             # (other jobs share its cores), then falls on all of them alike, and the ratios stay meaningful.
             for m in measurements if round_ % 2 == 0 else measurements[::-1]:
                 kind, clients, size = m
                 total = totals[m]
-                if clients is None:
+                if clients is None or clients == "forward":
                     n = max(args.max_batch_size, args.in_process_texts // args.rounds)
                     chunk = [texts[(round_ * n + i) % len(texts)] for i in range(n)]
-                    total["seconds"] += in_process(models[kind], chunk, args.max_batch_size)
+                    if clients is None:
+                        total["seconds"] += in_process(models[kind], chunk, args.max_batch_size)
+                    else:
+                        total["seconds"] += server_forwards(engines[kind], chunk, args.forward_batch)
                     total["texts"] += n
                     continue
                 body = {"model": "m", "encoding_format": "base64", "input_type": "document"}
@@ -248,6 +275,8 @@ def main() -> None:
     finally:
         for server in servers.values():
             server.stop()
+        for engine in engines.values():
+            engine.close()
 
     results = []
     print(
@@ -259,11 +288,13 @@ def main() -> None:
         rate = total["texts"] / total["seconds"]
         row = {"model": kind, "clients": clients, "size": size, "texts": total["texts"],
                "seconds": total["seconds"], "texts_per_s": rate}  # fmt: skip
-        if clients is None:
-            print(
-                f"| {kind} | in-process encode, batch {args.max_batch_size} | - | {total['texts']} | {rate:.1f} "
-                f"| - | - | - | - | {1000 / rate:.1f} |"
+        if clients is None or clients == "forward":
+            how = (
+                f"in-process encode, batch {args.max_batch_size} (sorted by length)"
+                if clients is None
+                else f"in-process server forward, batches of {args.forward_batch} as they arrive"
             )
+            print(f"| {kind} | {how} | - | {total['texts']} | {rate:.1f} | - | - | - | - | {1000 / rate:.1f} |")
         else:
             p50, p99 = (float(np.percentile(total["latencies"], q) * 1000) for q in (50, 99))
             per_forward = total["forward_texts"] / max(1.0, total["forwards"])
