@@ -193,32 +193,10 @@ def planned_total(step: int, seconds_left: float, step_s: float, cap: int, margi
     return max(step, min(cap, fit))
 
 
-def train_one(
-    cfg,
-    pairs,
-    batch_sizes: list[int],
-    deadline_from,
-    stop_at: int | None,
-    schedule: LinearSchedule,
-    plan_at: int | None = None,
-    stop_reason: str = "the step (d) reached",
-) -> tuple[object, dict]:
-    """Train as cde_st's ``train()`` does (same model, loss, optimizer, batches, arguments) with ``schedule`` for
-    the learning rate and a callback that stops at the schedule's end, at ``stop_at`` steps or when the deadline
-    passes, whichever comes first. ``deadline_from(t)`` gives that deadline (time.monotonic) from the time ``t`` of
-    the first step: the set-up before it is measured, not guessed. With ``plan_at``, the schedule's length is set
-    at that step (within the warm-up) to the steps that fit before the deadline at the median step time so far."""
-    import torch
-    from torch.optim.lr_scheduler import LambdaLR
+def guard_callback(deadline_from, stop_at: int | None, stop_reason: str, schedule: LinearSchedule, plan_at: int | None):
+    """The trainer callback that times the steps, plans ``schedule``'s length at step ``plan_at`` and stops the
+    training at the schedule's end, at ``stop_at`` or before the deadline (see :func:`train_one`)."""
     from transformers import TrainerCallback
-
-    from cde_st.training.run import (
-        MainProcessSavingTrainer,
-        build_loss,
-        build_model,
-        build_optimizer,
-        training_arguments,
-    )
 
     class Guard(TrainerCallback):
         def __init__(self) -> None:
@@ -258,13 +236,42 @@ def train_one(
             elif now + statistics.median(recent) > self.deadline:
                 control.should_training_stop, self.stopped_by = True, "its wall-time share"
 
+    return Guard()
+
+
+def train_one(
+    cfg,
+    pairs,
+    batch_sizes: list[int],
+    deadline_from,
+    stop_at: int | None,
+    schedule: LinearSchedule,
+    plan_at: int | None = None,
+    stop_reason: str = "the step (d) reached",
+) -> tuple[object, dict]:
+    """Train as cde_st's ``train()`` does (same model, loss, optimizer, batches, arguments) with ``schedule`` for
+    the learning rate and a callback that stops at the schedule's end, at ``stop_at`` steps or when the deadline
+    passes, whichever comes first. ``deadline_from(t)`` gives that deadline (time.monotonic) from the time ``t`` of
+    the first step: the set-up before it is measured, not guessed. With ``plan_at``, the schedule's length is set
+    at that step (within the warm-up) to the steps that fit before the deadline at the median step time so far."""
+    import torch
+    from torch.optim.lr_scheduler import LambdaLR
+
+    from cde_st.training.run import (
+        MainProcessSavingTrainer,
+        build_loss,
+        build_model,
+        build_optimizer,
+        training_arguments,
+    )
+
+    guard = guard_callback(deadline_from, stop_at, stop_reason, schedule, plan_at)
     torch.manual_seed(cfg.seed)
     start = time.monotonic()
     model = build_model(cfg)
     loss = build_loss(cfg, model)
     sampler = batch_sampler(cfg, pairs)
     args = training_arguments(cfg, pairs, None, batch_sampler=sampler, save_strategy="no")
-    guard = Guard()
     optimizer = build_optimizer(cfg, model)
     trainer = MainProcessSavingTrainer(
         model=model,
@@ -571,12 +578,9 @@ def cluster_stage(args, report: dict, base: str, pairs: list[str], train_pairs, 
         log("clustering: " + json.dumps({k: v for k, v in report["clustering"].items() if k != "batch_sizes"}))
 
 
-def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs, work: Path, deadline: float):
-    """(d), then (cp) stopped at (d)'s step, then the zero-shot rows; ``report`` is rewritten after each stage. A
-    stage that fails is recorded and the run goes on, so that one call still returns every number it could measure."""
-    import torch
-
-    n_pairs = len(train_pairs)
+def plan(args, report: dict, n_pairs: int) -> tuple[int, list[int], int, int]:
+    """One epoch's steps, the batch sizes epoch after epoch, the warm-up and the longest schedule (into
+    ``report["plan"]``)."""
     # the sampler's batches, epoch after epoch (a cluster's remainder is a smaller batch of its own)
     epoch_steps = report.get("clustering", {}).get("batches") or -(-n_pairs // args.batch_size)
     batch_sizes = report.get("clustering", {}).get("batch_sizes") or [args.batch_size] * epoch_steps * args.max_epochs
@@ -596,6 +600,26 @@ def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs
         "planned_by": "--plan-steps" if args.plan_steps else f"(d)'s step time, at most {args.max_epochs} epochs",
     }
     log(f"{n_pairs} pairs, {epoch_steps} steps an epoch, warm-up {warmup}: {report['plan']['planned_by']}")
+    return epoch_steps, batch_sizes, warmup, cap
+
+
+def score_zero_shot(args, report: dict, base: str, corpora: dict[str, Path]) -> None:
+    """The (a) rows: MiniLM as carried, without and with the retrieval prompts."""
+    import torch
+
+    with stage_of(report, "score_a"):
+        from sentence_transformers import SentenceTransformer
+
+        zero_shot = SentenceTransformer(base, device="cuda" if torch.cuda.is_available() else "cpu")
+        report["scores"]["(a) zero-shot"] = score(zero_shot, corpora, None, args.eval_batch_size)
+        # the trained rows start from here, not from (a): MiniLM never saw these prompts, which cost it points
+        report["scores"]["(a) with the prompts"] = score(zero_shot, corpora, None, args.eval_batch_size, prefixes=True)
+
+
+def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs, work: Path, deadline: float):
+    """(d), then (cp) stopped at (d)'s step, then the zero-shot rows; ``report`` is rewritten after each stage. A
+    stage that fails is recorded and the run goes on, so that one call still returns every number it could measure."""
+    epoch_steps, batch_sizes, warmup, cap = plan(args, report, len(train_pairs))
     corpora = {name: Path(folder) for name, folder in report["corpus_folders"].items()}
 
     # (d) first: it sets the step count both models share. At its first step its set-up is known: (cp)'s is taken
@@ -658,15 +682,7 @@ def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs
         del model_cp
     free()
     if not args.no_zero_shot:
-        with stage_of(report, "score_a"):
-            from sentence_transformers import SentenceTransformer
-
-            zero_shot = SentenceTransformer(base, device="cuda" if torch.cuda.is_available() else "cpu")
-            report["scores"]["(a) zero-shot"] = score(zero_shot, corpora, None, args.eval_batch_size)
-            # the trained rows start from here, not from (a): MiniLM never saw these prompts, which cost it points
-            report["scores"]["(a) with the prompts"] = score(
-                zero_shot, corpora, None, args.eval_batch_size, prefixes=True
-            )
+        score_zero_shot(args, report, base, corpora)
     order = ["(a) zero-shot", "(a) with the prompts", "(cp)", *(f"(d) J={j}" for j in args.eval_sizes)]
     report["table"] = [row_of(name, report["scores"][name]) for name in order if name in report["scores"]]
 

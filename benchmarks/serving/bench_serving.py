@@ -183,6 +183,67 @@ def server_forwards(engine, texts: list[str], batch_size: int) -> float:
     return time.perf_counter() - t0
 
 
+def take_slice(m: tuple, total: dict, round_: int, texts: list[str], servers, models, engines, args) -> None:
+    """One round's slice of measurement ``m`` = (model, clients, texts per request), added to ``total``."""
+    kind, clients, size = m
+    if clients is None or clients == "forward":
+        n = max(args.max_batch_size, args.in_process_texts // args.rounds)
+        chunk = [texts[(round_ * n + i) % len(texts)] for i in range(n)]
+        if clients is None:
+            total["seconds"] += in_process(models[kind], chunk, args.max_batch_size)
+        else:
+            total["seconds"] += server_forwards(engines[kind], chunk, args.forward_batch)
+        total["texts"] += n
+        return
+    body = {"model": "m", "encoding_format": "base64", "input_type": "document"}
+    if kind == "cde":
+        body["context"] = "default"
+    url = servers[kind].url
+    before = batch_totals(url)
+    budget = max(clients * size, args.max_texts // args.rounds)
+    done, elapsed, latencies = asyncio.run(load(url, body, texts, clients, size, args.seconds / args.rounds, budget))
+    after = batch_totals(url)
+    total["texts"] += done
+    total["seconds"] += elapsed
+    total["latencies"] += latencies
+    total["forward_texts"] += after[0] - before[0]  # warm-up requests included
+    total["forwards"] += after[1] - before[1]
+    total["forward_seconds"] += after[2] - before[2]
+
+
+def print_table(totals: dict, args: argparse.Namespace) -> list[dict]:
+    """Print the Markdown table of every measurement; return its rows."""
+    results = []
+    print(
+        "| model | clients | texts/request | texts | texts/s | p50 ms | p99 ms | requests | texts/forward "
+        "| forward ms/text |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (kind, clients, size), total in totals.items():
+        rate = total["texts"] / total["seconds"]
+        row = {"model": kind, "clients": clients, "size": size, "texts": total["texts"],
+               "seconds": total["seconds"], "texts_per_s": rate}  # fmt: skip
+        if clients is None or clients == "forward":
+            how = (
+                f"in-process encode, batch {args.max_batch_size} (sorted by length)"
+                if clients is None
+                else f"in-process server forward, batches of {args.forward_batch} as they arrive"
+            )
+            print(f"| {kind} | {how} | - | {total['texts']} | {rate:.1f} | - | - | - | - | {1000 / rate:.1f} |")
+        else:
+            p50, p99 = (float(np.percentile(total["latencies"], q) * 1000) for q in (50, 99))
+            per_forward = total["forward_texts"] / max(1.0, total["forwards"])
+            per_text = 1000 * total["forward_seconds"] / max(1.0, total["forward_texts"])
+            row.update(p50_ms=p50, p99_ms=p99, requests=len(total["latencies"]), texts_per_forward=per_forward,
+                       forward_ms_per_text=per_text)  # fmt: skip
+            print(
+                f"| {kind} | {clients} | {size} | {total['texts']} | {rate:.1f} | {p50:.0f} | {p99:.0f} | "
+                f"{len(total['latencies'])} | {per_forward:.1f} | {per_text:.1f} |"
+            )
+        results.append(row)
+    return results
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--texts", choices=["queries", "documents"], default="queries")
@@ -244,33 +305,7 @@ def main() -> None:
             # Every measurement gets one slice per round, in alternating order: the machine's load, which moves
             # (other jobs share its cores), then falls on all of them alike, and the ratios stay meaningful.
             for m in measurements if round_ % 2 == 0 else measurements[::-1]:
-                kind, clients, size = m
-                total = totals[m]
-                if clients is None or clients == "forward":
-                    n = max(args.max_batch_size, args.in_process_texts // args.rounds)
-                    chunk = [texts[(round_ * n + i) % len(texts)] for i in range(n)]
-                    if clients is None:
-                        total["seconds"] += in_process(models[kind], chunk, args.max_batch_size)
-                    else:
-                        total["seconds"] += server_forwards(engines[kind], chunk, args.forward_batch)
-                    total["texts"] += n
-                    continue
-                body = {"model": "m", "encoding_format": "base64", "input_type": "document"}
-                if kind == "cde":
-                    body["context"] = "default"
-                url = servers[kind].url
-                before = batch_totals(url)
-                budget = max(clients * size, args.max_texts // args.rounds)
-                done, elapsed, latencies = asyncio.run(
-                    load(url, body, texts, clients, size, args.seconds / args.rounds, budget)
-                )
-                after = batch_totals(url)
-                total["texts"] += done
-                total["seconds"] += elapsed
-                total["latencies"] += latencies
-                total["forward_texts"] += after[0] - before[0]  # warm-up requests included
-                total["forwards"] += after[1] - before[1]
-                total["forward_seconds"] += after[2] - before[2]
+                take_slice(m, totals[m], round_, texts, servers, models, engines, args)
             print(f"round {round_ + 1}/{args.rounds} done, load average {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         for server in servers.values():
@@ -278,34 +313,7 @@ def main() -> None:
         for engine in engines.values():
             engine.close()
 
-    results = []
-    print(
-        "| model | clients | texts/request | texts | texts/s | p50 ms | p99 ms | requests | texts/forward "
-        "| forward ms/text |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for (kind, clients, size), total in totals.items():
-        rate = total["texts"] / total["seconds"]
-        row = {"model": kind, "clients": clients, "size": size, "texts": total["texts"],
-               "seconds": total["seconds"], "texts_per_s": rate}  # fmt: skip
-        if clients is None or clients == "forward":
-            how = (
-                f"in-process encode, batch {args.max_batch_size} (sorted by length)"
-                if clients is None
-                else f"in-process server forward, batches of {args.forward_batch} as they arrive"
-            )
-            print(f"| {kind} | {how} | - | {total['texts']} | {rate:.1f} | - | - | - | - | {1000 / rate:.1f} |")
-        else:
-            p50, p99 = (float(np.percentile(total["latencies"], q) * 1000) for q in (50, 99))
-            per_forward = total["forward_texts"] / max(1.0, total["forwards"])
-            per_text = 1000 * total["forward_seconds"] / max(1.0, total["forward_texts"])
-            row.update(p50_ms=p50, p99_ms=p99, requests=len(total["latencies"]), texts_per_forward=per_forward,
-                       forward_ms_per_text=per_text)  # fmt: skip
-            print(
-                f"| {kind} | {clients} | {size} | {total['texts']} | {rate:.1f} | {p50:.0f} | {p99:.0f} | "
-                f"{len(total['latencies'])} | {per_forward:.1f} | {per_text:.1f} |"
-            )
-        results.append(row)
+    results = print_table(totals, args)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     out = work / f"results-{args.texts}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"args": vars(args), "threads": threads, "results": results}, indent=1))
