@@ -204,7 +204,7 @@ def guard_callback(deadline_from, stop_at: int | None, stop_reason: str, schedul
             self.deadline = float("inf")
             self.step_times: list[float] = []
             self.last = None
-            self.stopped_by = "schedule end"
+            self.stopped_by = "the schedule's end"  # until another stop; also the trainer's own max_steps
             self.plan: dict | None = None
 
         def on_step_begin(self, args, state, control, **kwargs):
