@@ -2,16 +2,12 @@
 
 from cde_st.batching import ClusteredBatchSampler
 from cde_st.context import ContextInfo, sample_context
-from cde_st.hard_negatives import install as _install_mine_hard_negatives
 from cde_st.hard_negatives import mine_hard_negatives
 from cde_st.losses import FilteredInfoNCELoss
 from cde_st.model import ContextualSentenceTransformer, contextual_module, is_contextual, set_context
 from cde_st.modules import ContextualConfig, ContextualTransformer
 
 __version__ = "0.1.0"
-
-# sentence-transformers' mine_hard_negatives would reuse cached embeddings made with another context.
-_install_mine_hard_negatives()
 
 __all__ = [
     "ClusteredBatchSampler",

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 from sentence_transformers.sentence_transformer.model_card import SentenceTransformerModelCardData
 
+from cde_st.hard_negatives import warn_if_read_as_cache_key
+
 if TYPE_CHECKING:
     from cde_st.context import ContextInfo
 
@@ -162,6 +164,12 @@ class ContextualModelCardData(SentenceTransformerModelCardData):
             "contextual-document-embeddings",
         ]
     )
+
+    def __getattribute__(self, name: str):
+        if name == "base_model":
+            # sentence-transformers' mine_hard_negatives keys its embedding cache by this name alone.
+            warn_if_read_as_cache_key()
+        return super().__getattribute__(name)
 
     def _model_reference(self) -> str:
         # The hub id when pushing, else the folder as given to save(): the snippet then runs as written.

@@ -21,24 +21,63 @@ def _mine(mine, model, **kwargs):
     return list(result["scores"])
 
 
-@pytest.mark.parametrize("route", ["cde_st", "sentence_transformers"])
-def test_cached_embeddings_are_keyed_by_the_context(make_tiny_cde, tmp_path, route):
+def test_cached_embeddings_are_keyed_by_the_context(make_tiny_cde, tmp_path):
+    import warnings
+
     import cde_st
 
-    if route == "cde_st":
-        mine = cde_st.mine_hard_negatives
-    else:  # the function as sentence-transformers exports it, imported after cde_st
-        from sentence_transformers.util import mine_hard_negatives as mine
     model = make_tiny_cde(context_size=4)
     cache = str(tmp_path / "cache")
     model.set_context(TEXTS[:6], seed=0)
-    first = _mine(mine, model, cache_folder=cache)
-    model.set_context(TEXTS[6:], seed=1)
-    uncached = _mine(mine, model)
-    assert uncached != first  # the other context gives other embeddings, so other scores
-    assert _mine(mine, model, cache_folder=cache) == uncached  # not the first context's cached embeddings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", cde_st.hard_negatives.ContextCacheKeyWarning)  # the keyed route is silent
+        first = _mine(cde_st.mine_hard_negatives, model, cache_folder=cache)
+        model.set_context(TEXTS[6:], seed=1)
+        uncached = _mine(cde_st.mine_hard_negatives, model)
+        assert uncached != first  # the other context gives other embeddings, so other scores
+        # not the first context's cached embeddings
+        assert _mine(cde_st.mine_hard_negatives, model, cache_folder=cache) == uncached
+        model.set_context(TEXTS[:6], seed=0)
+        assert _mine(cde_st.mine_hard_negatives, model, cache_folder=cache) == first  # the first cache is still used
+
+
+def test_import_leaves_sentence_transformers_function_in_place():
+    import subprocess
+    import sys
+
+    code = "import sentence_transformers.util as u, cde_st; print(u.mine_hard_negatives.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "sentence_transformers.util.hard_negatives"
+
+
+def test_plain_function_warns_when_its_cache_would_ignore_the_context(make_tiny_cde, tmp_path):
+    from sentence_transformers.util import mine_hard_negatives
+
+    from cde_st.hard_negatives import ContextCacheKeyWarning
+
+    model = make_tiny_cde(context_size=4)
     model.set_context(TEXTS[:6], seed=0)
-    assert _mine(mine, model, cache_folder=cache) == first  # the first context's cache is still used
+    with pytest.warns(ContextCacheKeyWarning, match="cde_st.mine_hard_negatives") as caught:
+        _mine(mine_hard_negatives, model, cache_folder=str(tmp_path / "cache"))
+    assert all(w.filename == __file__ for w in caught if w.category is ContextCacheKeyWarning)  # the user's line
+
+
+def test_plain_function_without_a_cache_or_with_a_plain_model_does_not_warn(make_tiny_cde, tiny_bert_dir, tmp_path):
+    import warnings
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import mine_hard_negatives
+
+    from cde_st.hard_negatives import ContextCacheKeyWarning
+
+    model = make_tiny_cde(context_size=4)
+    model.set_context(TEXTS[:6], seed=0)
+    plain = SentenceTransformer(tiny_bert_dir, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ContextCacheKeyWarning)
+        _mine(mine_hard_negatives, model)  # no cache: nothing can be read back
+        _mine(mine_hard_negatives, plain, cache_folder=str(tmp_path / "cache"))
+        model.model_card_data.base_model  # noqa: B018 - any other reader of the name
 
 
 def test_cached_embeddings_are_keyed_by_the_weights(make_tiny_cde, tmp_path):
