@@ -229,7 +229,7 @@ def _train_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(
         prog="cde-st-train",
         description="Train a contextual document embedding model with SentenceTransformerTrainer.",
-        epilog="Example: cde-st-train --preset mini --set train_data=[../shared/data/pairs] model=biencoder "
+        epilog="Example: cde-st-train --preset mini --set train_data=[path/to/pairs] model=biencoder "
         "batching=random --output-dir runs/b\n"
         "Presets are commented YAML files (cde_st/training/presets/); --print-config prints a resolved config "
         "to copy.\n"
@@ -306,13 +306,13 @@ _EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundErr
 
 EVAL_DESCRIPTION = r"""Evaluate a CDE (or any sentence-transformers) model on MTEB tasks with per-task corpus context.
 
-    python eval/run_mteb.py --model PATH_OR_NAME --tasks scifact stsbenchmark --data-dir ../shared/data
-    python eval/run_mteb.py --model my-cde --tasks scifact --data-dir ../shared/data --context-size 0 16 64 256
-    python eval/run_mteb.py --model my-cde --tasks scifact --data-dir ../shared/data --context random \
+    python eval/run_mteb.py --model PATH_OR_NAME --tasks scifact stsbenchmark --data-dir path/to/data
+    python eval/run_mteb.py --model my-cde --tasks scifact --data-dir path/to/data --context-size 0 16 64 256
+    python eval/run_mteb.py --model my-cde --tasks scifact --data-dir path/to/data --context random \
         --random-corpus classification/tweet_sentiment_extraction
 
-Tasks are mteb task names (data from the Hugging Face hub) or local folders in the formats of ../shared/data (a
-path, or a folder name found under --data-dir). Results: mteb JSON under OUTPUT_DIR/results/, summary tables
+Tasks are mteb task names (data from the Hugging Face hub) or local folders, <data-dir>/<type>/<name>, in the formats
+of cde_st.evaluation.local_tasks (a path, or a folder name found under --data-dir). Results: mteb JSON under OUTPUT_DIR/results/, summary tables
 (Markdown + CSV; per task and per task type as in the CDE paper's Table 2) under OUTPUT_DIR/summary/, and for
 several --context-size values a sweep table and plot. All logic lives in cde_st.evaluation.
 """
@@ -325,7 +325,7 @@ def _eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("--model", required=True, help="model folder or hub id")
     parser.add_argument("--tasks", nargs="+", required=True, help="mteb task names, local folders or local names")
-    parser.add_argument("--data-dir", help="root of local task folders (e.g. ../shared/data)")
+    parser.add_argument("--data-dir", help="root of local task folders: <data-dir>/<type>/<name>")
     parser.add_argument("--context-size", type=int, nargs="+", help="J (several: a sweep); default: the model's")
     parser.add_argument("--context-seed", type=int, default=0, help="seed of the context sampling (default 0)")
     parser.add_argument(

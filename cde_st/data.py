@@ -15,7 +15,7 @@ one; problems that still leave something to score (a few judgements of unknown d
 logged as warnings.
 
 Example:
-    >>> split = load_beir("../shared/data/retrieval/scifact", "test")  # doctest: +SKIP
+    >>> split = load_beir("path/to/data/retrieval/scifact", "test")  # doctest: +SKIP
     >>> doc_id, doc = next(iter(split.corpus.items()))  # doctest: +SKIP
     >>> document_text(doc["title"], doc["text"])  # doctest: +SKIP
 """

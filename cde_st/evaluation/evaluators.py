@@ -94,7 +94,7 @@ class ContextualRetrievalEvaluator(InformationRetrievalEvaluator):
         name, batch_size, kwargs: as for ``InformationRetrievalEvaluator``.
 
     Example:
-        >>> evaluator = ContextualRetrievalEvaluator("../shared/data/retrieval/scifact", context_size=64)  # doctest: +SKIP
+        >>> evaluator = ContextualRetrievalEvaluator("path/to/data/retrieval/scifact", context_size=64)  # doctest: +SKIP
         >>> evaluator(model)["scifact_cosine_ndcg@10"]                                                  # doctest: +SKIP
     """
 

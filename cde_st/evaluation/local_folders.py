@@ -1,4 +1,4 @@
-"""Local evaluation folders: the five formats of ``../shared/data``, which one a folder holds, its splits, and
+"""Local evaluation folders: the five local formats, which one a folder holds, its splits, and
 finding a task folder by name under a data directory.
 
 How each format's files read as an mteb task is :mod:`cde_st.evaluation.local_tasks`; the file readers are
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cde_st.data import JSONL_SUFFIXES, DataError, beir_splits, find_jsonl, iter_lines
 
-#: The five local formats, named like the type subfolders of ``../shared/data``.
+#: The five local formats, each the name of a type subfolder of a data directory (``<data_dir>/<type>/<name>``).
 TASK_KINDS = ("retrieval", "sts", "classification", "clustering", "pair_classification")
 
 #: mteb task type of each local format.

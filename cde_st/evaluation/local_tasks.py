@@ -1,4 +1,4 @@
-"""Local evaluation folders (the formats of ``../shared/data``) as mteb tasks.
+"""Local evaluation folders (five formats, the layout ``<data_dir>/<type>/<name>``) as mteb tasks.
 
 Five formats, one folder per task:
 
@@ -282,7 +282,7 @@ def load_local_task(
         An ``mteb`` ``AbsTask`` instance whose ``load_data`` reads the folder.
 
     Example:
-        >>> task = load_local_task("../shared/data/retrieval/scifact")  # doctest: +SKIP
+        >>> task = load_local_task("path/to/data/retrieval/scifact")  # doctest: +SKIP
         >>> task.metadata.name, task.metadata.main_score  # doctest: +SKIP
         ('scifact', 'ndcg_at_10')
     """

@@ -197,7 +197,7 @@ def evaluate_model(
         model: a ``SentenceTransformer`` (e.g. ``ContextualSentenceTransformer``), or a model folder / hub id (loaded
             on ``device``).
         tasks: mteb task names, local task folders, names of folders under ``data_dir`` (the root of local task
-            folders, ``<data_dir>/<type>/<name>``, as ``../shared/data``), or mteb task objects.
+            folders, ``<data_dir>/<type>/<name>``, see :mod:`cde_st.evaluation.local_tasks`), or mteb task objects.
         context_size: J, or several J for a sweep (contextual models only; default: the model's); 0: no context.
         context_seed: seed of the context sampling.
         context: ``"corpus"`` (the task's own pool), ``"random"`` (documents from another corpus: ``random_corpus``,
@@ -223,7 +223,7 @@ def evaluate_model(
     Returns an :class:`EvaluationReport` (scores per run and task, mteb ``TaskResult`` objects, files written).
 
     Example:
-        >>> report = evaluate_model(model, ["scifact"], data_dir="../shared/data", context_size=[0, 64])  # doctest: +SKIP
+        >>> report = evaluate_model(model, ["scifact"], data_dir="path/to/data", context_size=[0, 64])  # doctest: +SKIP
         >>> report.score("scifact", context_size=64)  # doctest: +SKIP
     """
     resolved = _checked_tasks(tasks, context, context_seed, data_dir, eval_splits, identical_ids)

@@ -61,7 +61,7 @@ def resolve_task(
         if close:
             lines.append(f"Did you mean: {', '.join(close)}?")
         if data_dir is None:
-            lines.append("Local tasks are looked up under --data-dir (e.g. ../shared/data).")
+            lines.append("Local tasks are looked up under --data-dir, as <data-dir>/<type>/<name>.")
         elif local:
             lines.append(f"Local tasks in {data_dir}: {', '.join(local)}.")
         else:

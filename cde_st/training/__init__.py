@@ -10,7 +10,7 @@ uses them:
 - :mod:`~cde_st.training.output_dir`: output folder, resume and overwrite rules;
 - :mod:`~cde_st.training.run`: model, loss, optimizer, sampler and evaluator, and :func:`train`.
 
-    cfg = TrainConfig.from_preset("mini", train_data=["../shared/data/pairs"], output_dir="runs/mini-cde")
+    cfg = TrainConfig.from_preset("mini", train_data=["path/to/pairs"], output_dir="runs/mini-cde")
     model = train(cfg)
 """
 

@@ -6,7 +6,7 @@ JSON file (``--config``; a ``preset:`` key starts from that preset), ``--set KEY
 names, the declared types (:func:`cde_st.coercion.coerce`), the allowed choices and ranges; errors name
 the source (file and line where there is one), the field, the value and what it must be.
 
-    cfg = TrainConfig.from_preset("mini", train_data=["../shared/data/pairs"], output_dir="runs/mini-cde")
+    cfg = TrainConfig.from_preset("mini", train_data=["path/to/pairs"], output_dir="runs/mini-cde")
 """
 
 from __future__ import annotations

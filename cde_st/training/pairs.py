@@ -3,7 +3,7 @@
 Sources (``TrainConfig.train_data``, several may be combined):
 
 - a ``.jsonl`` / ``.jsonl.gz`` file of ``{"query": ..., "document": ..., "domain": ...}`` rows (``domain``
-  optional: the file name), or a folder of such files (the format of ``../shared/data/pairs``);
+  optional: the file name), or a folder of such files (one file per domain);
 - ``beir:FOLDER[:split]``: the (query, relevant document) pairs of a BEIR folder's qrels (default split: train);
 - ``hub:NAME[:config]``: the first two text columns of a Hugging Face dataset's train split;
 - ``builtin:tiny``: 64 generated pairs in two domains, for the tiny smoke-test preset.
