@@ -13,8 +13,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from cde_st import contextual_module, is_contextual, set_context
 from cde_st.context import ContextInfo
+from cde_st.model import contextual_module, is_contextual, set_context
 
 logger = logging.getLogger(__name__)
 

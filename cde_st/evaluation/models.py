@@ -15,8 +15,8 @@ from typing import Any
 
 from sentence_transformers import SentenceTransformer
 
-from cde_st import ContextualSentenceTransformer
 from cde_st.evaluation.model_context import is_contextual_model, model_context_info
+from cde_st.model import ContextualSentenceTransformer
 from cde_st.released import is_released_checkpoint
 
 

