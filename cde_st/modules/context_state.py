@@ -105,6 +105,7 @@ class ActiveContext(nn.Module):
         self.generation = torch.zeros(1, dtype=torch.long)
         self.generation_seen = 0
         self.warned_stale = False
+        self.warned_null = False  # until clear_context: said once that encoding uses the null context
 
     def __getstate__(self) -> dict:
         self.generation.share_memory_()  # in place: copies sent to other processes see later changes
@@ -153,6 +154,18 @@ class ActiveContext(nn.Module):
                 stacklevel=caller_stacklevel(),
             )
             self.warned_stale = True
+
+    def warn_null_once(self, stacklevel: int | None = None) -> None:
+        """Encoding without a context: say once (until :attr:`warned_null` is reset) that the null context is used.
+        ``stacklevel``: as ``warnings.warn``'s, from this method (None: the user's line)."""
+        if not self.warned_null:
+            warnings.warn(
+                "No context is set: encoding with the null context (the model then acts as a plain bi-encoder). "
+                "Call model.set_context(corpus_texts) first, or pass context_vectors=.",
+                UserWarning,
+                stacklevel=caller_stacklevel() if stacklevel is None else stacklevel,
+            )
+            self.warned_null = True
 
     def check_pool_copy(self) -> None:
         """In a copy made for another process (a multi-process pool's worker): raise if the original's context
@@ -223,3 +236,36 @@ def read_context_file(
             f"context_info.size={info.size}: the two files do not belong together."
         )
     return vectors, info, json.loads(texts) if texts else None
+
+
+def context_arguments(
+    features: dict,
+    context_vectors: torch.Tensor | None,
+    context_mask: torch.Tensor | None,
+    dataset_embeddings: torch.Tensor | None,
+    unexpected: dict,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The context (None: the active one) and context mask of one forward, each given as a keyword or a
+    ``features`` key; the context under either name (``context_vectors``, or ``dataset_embeddings``, the released
+    models' name). Both names, a mask without a context, or any ``unexpected`` keyword (a misspelt name would
+    otherwise leave the call on the active context without a word) is an error."""
+    if unexpected:
+        raise TypeError(
+            f"ContextualTransformer.forward() got unexpected keyword argument(s) {sorted(unexpected)}; it accepts "
+            "['context_mask', 'context_vectors', 'dataset_embeddings']."
+        )
+    given = {
+        name: value if value is not None else features.get(name)
+        for name, value in (("context_vectors", context_vectors), ("dataset_embeddings", dataset_embeddings))
+    }
+    given = {name: value for name, value in given.items() if value is not None}
+    if len(given) > 1:
+        raise TypeError(
+            "forward() got both context_vectors= and dataset_embeddings= (its alias, the released models' name); "
+            "pass one."
+        )
+    context_vectors = next(iter(given.values()), None)
+    context_mask = features.get("context_mask") if context_mask is None else context_mask
+    if context_mask is not None and context_vectors is None:
+        raise ValueError("context_mask needs the context it masks: pass context_vectors as well.")
+    return context_vectors, context_mask
