@@ -318,32 +318,22 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         embeddings: tuple[np.ndarray, np.ndarray] | None,
         domains: list[Hashable] | None,
     ) -> PairClustering:
-        """The pairs' clustering (:func:`cluster_dataset` with ``options``), the same on every rank."""
+        """The pairs' clustering (:func:`cluster_dataset` with ``options``), the same on every rank: one process
+        clusters and the others receive the result (independent k-means runs may differ in the last bits and so in a
+        few assignments, and every rank must pack the same batches)."""
         world_size, rank = world()
+        clustering = None
+        if world_size == 1 or rank == 0:
+            result = cluster_dataset(dataset, options, embeddings=embeddings, domains=domains)
+            self.cache_path, self.timings = result.cache_path, result.timings
+            clustering = result.clustering
         if world_size > 1:
-            # One process clusters and the others receive the result, so that every rank packs the same batches
-            # (independent k-means runs may differ in the last bits and so in a few assignments).
-            payload: list[Any] = [None]
-            if rank == 0:
-                payload[0] = self._cluster(dataset, options, embeddings, domains)
+            payload: list[Any] = [clustering]
             torch.distributed.broadcast_object_list(payload, src=0)
             clustering = payload[0]
-        else:
-            clustering = self._cluster(dataset, options, embeddings, domains)
         if len(clustering.labels) != len(dataset):  # pragma: no cover - defensive
             raise RuntimeError("The clustering does not cover the dataset.")
         return clustering
-
-    def _cluster(
-        self,
-        dataset: Dataset,
-        options: ClusteringOptions,
-        embeddings: tuple[np.ndarray, np.ndarray] | None,
-        domains: list[Hashable] | None,
-    ) -> PairClustering:
-        result = cluster_dataset(dataset, options, embeddings=embeddings, domains=domains)
-        self.cache_path, self.timings = result.cache_path, result.timings
-        return result.clustering
 
     # ---- iteration -----------------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ config and its checks, the :class:`ContextualConfig` of a release), ``weights.py
 ``loading.py`` (:func:`load_released`).
 """
 
-from cde_st.released.configs import backbone_config, check_backbone_config, module_config
+from cde_st.released.configs import BACKBONE_CONFIGS, backbone_config, check_backbone_config, module_config
 from cde_st.released.hub import (
     ALIASES,
     BACKBONE_CONFIG_FILE,
@@ -48,6 +48,7 @@ from cde_st.released.weights import convert_state_dict
 
 __all__ = [
     "ALIASES",
+    "BACKBONE_CONFIGS",
     "BACKBONE_CONFIG_FILE",
     "CONFIG_FILE",
     "PROMPTS",

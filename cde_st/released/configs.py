@@ -13,7 +13,7 @@ from cde_st.coercion import ConfigValueError, coerce
 from cde_st.modules.contextual_config import ContextualConfig
 from cde_st.released.hub import CONFIG_FILE, ReleasedCheckpointError
 
-__all__ = ["backbone_config", "backbone_from_raw", "check_backbone_config", "module_config"]
+__all__ = ["BACKBONE_CONFIGS", "backbone_config", "backbone_from_raw", "check_backbone_config", "module_config"]
 
 #: The soft prompt length is hard-coded in the released code.
 _SOFT_PROMPT_TOKENS = 8
@@ -204,26 +204,72 @@ _BACKBONE_FIELDS: dict[str, tuple[Any, Any, str]] = {
     "rotary_emb_base": (float, _positive, "must be a finite number > 0"),
 }
 
-# The architecture the released weights were trained with: their embedder's public config, the fields that do not
-# change a tensor's shape (a config that differs there would load and compute another model). Checked when the
-# backbone config has the released sizes (a smaller copy is another backbone, e.g. a test fixture).
-_RELEASED_BACKBONES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+#: The public configs (model fields) of the released models' backbones, by the ``embedder`` their ``config.json``
+#: names: what a given backbone config of the released sizes is checked against (:func:`check_backbone_config`), and
+#: the real-size configs that can be built offline (``backbone_config(BACKBONE_CONFIGS[embedder])``).
+BACKBONE_CONFIGS: dict[str, dict[str, Any]] = {
+    "answerdotai/ModernBERT-base": {
+        "model_type": "modernbert",
+        "vocab_size": 50368,
+        "hidden_size": 768,
+        "intermediate_size": 1152,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 12,
+        "hidden_activation": "gelu",
+        "max_position_embeddings": 8192,
+        "norm_eps": 1e-05,
+        "norm_bias": False,
+        "pad_token_id": 50283,
+        "eos_token_id": 50282,
+        "bos_token_id": 50281,
+        "cls_token_id": 50281,
+        "sep_token_id": 50282,
+        "global_rope_theta": 160000.0,
+        "local_rope_theta": 10000.0,
+        "local_attention": 128,
+        "global_attn_every_n_layers": 3,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
+    "nomic-ai/nomic-bert-2048": {
+        "model_type": "nomic_bert",
+        "activation_function": "swiglu",
+        "n_embd": 768,
+        "n_head": 12,
+        "n_inner": 3072,
+        "n_layer": 12,
+        "n_positions": 2048,
+        "vocab_size": 30528,
+        "pad_vocab_size_multiple": 64,
+        "type_vocab_size": 2,
+        "layer_norm_epsilon": 1e-12,
+        "rotary_emb_base": 1000,
+        "rotary_emb_fraction": 1.0,
+        "rotary_emb_interleaved": False,
+        "prenorm": False,
+        "qkv_proj_bias": False,
+        "mlp_fc1_bias": False,
+        "mlp_fc2_bias": False,
+    },
+}
+# Of each released backbone: the fields that fix the tensor shapes (a config with other values there is another,
+# e.g. smaller, backbone: a test fixture), and the architecture fields that do not change a shape, which a config
+# of the released shapes must share (else the weights would load and compute another model).
+_SHAPE_FIELDS = {
+    "answerdotai/ModernBERT-base": ("hidden_size", "num_hidden_layers", "intermediate_size"),
+    "nomic-ai/nomic-bert-2048": ("n_embd", "n_layer", "n_inner"),
+}
+_ARCHITECTURE_FIELDS = {
     "answerdotai/ModernBERT-base": (
-        {"hidden_size": 768, "num_hidden_layers": 22, "intermediate_size": 1152},
-        {
-            "num_attention_heads": 12,
-            "local_attention": 128,
-            "global_attn_every_n_layers": 3,
-            "global_rope_theta": 160000.0,
-            "local_rope_theta": 10000.0,
-            "norm_eps": 1e-05,
-            "hidden_activation": "gelu",
-        },
+        "num_attention_heads",
+        "local_attention",
+        "global_attn_every_n_layers",
+        "global_rope_theta",
+        "local_rope_theta",
+        "norm_eps",
+        "hidden_activation",
     ),
-    "nomic-ai/nomic-bert-2048": (
-        {"n_embd": 768, "n_layer": 12, "n_inner": 3072},
-        {"n_head": 12, "rotary_emb_base": 1000.0, "layer_norm_epsilon": 1e-12, "activation_function": "swiglu"},
-    ),
+    "nomic-ai/nomic-bert-2048": ("n_head", "rotary_emb_base", "layer_norm_epsilon", "activation_function"),
 }
 
 
@@ -249,12 +295,13 @@ def check_backbone_config(raw: dict, embedder: str, source: str) -> None:
                 f"{source}: field {heads!r} = {checked[heads]} does not divide {width} {checked[width]} (each head "
                 "takes an equal share of the width)."
             )
-    if embedder not in _RELEASED_BACKBONES:
+    if embedder not in BACKBONE_CONFIGS:
         return
-    sizes, architecture = _RELEASED_BACKBONES[embedder]
-    if any(checked.get(k, raw.get(k)) != v for k, v in sizes.items()):
+    public = BACKBONE_CONFIGS[embedder]
+    if any(checked.get(k, raw.get(k)) != public[k] for k in _SHAPE_FIELDS[embedder]):
         return
-    for field, expected in architecture.items():
+    for field in _ARCHITECTURE_FIELDS[embedder]:
+        expected = public[field]
         value = checked.get(field, raw.get(field, expected))
         if value != expected:
             raise ReleasedCheckpointError(
