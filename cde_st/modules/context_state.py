@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -33,34 +33,6 @@ from cde_st.modules.integrity import corrupt_file_error
 from cde_st.modules.warning_location import caller_stacklevel
 
 CONTEXT_FILE = "context.safetensors"
-
-
-@torch.no_grad()
-def values_fingerprint(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """A fingerprint of the *values* of ``tensors``: the sum of every row (last dimension), concatenated, float32.
-
-    One read of the values, so it sees every way a weight can change (optimizer steps, fused ones included, which
-    do not bump version counters; ``param.data = ...``; in-place edits through ``.data``; ``load_state_dict``):
-    any change of an element larger than the rounding of its row's sum, and any move of values between rows.
-    Kept on the CPU, so fingerprints taken before and after ``model.to(device)`` compare. Compare with
-    ``torch.equal``."""
-    rows = [t.detach().flatten(0, -2) if t.ndim > 1 else t.detach().reshape(1, -1) for t in tensors]
-    sums = [r.sum(-1, dtype=torch.float32) for r in rows]
-    return torch.cat(sums).cpu() if sums else torch.zeros(0)
-
-
-@torch.no_grad()
-def first_stage_fingerprint(
-    first_stage: nn.Module, context_head: nn.Module, token_ids: torch.Tensor | None
-) -> torch.Tensor:
-    """:func:`values_fingerprint` of what context vectors are computed from: the first stage and the context head,
-    of the input-embedding table only the rows of ``token_ids`` (the context's tokens; None: all rows, for vectors
-    given directly). One read of those weights (MiniLM, 64 documents: ~12M values)."""
-    table = first_stage.get_input_embeddings().weight
-    tensors = [p for p in first_stage.parameters() if p is not table]
-    tensors += list(context_head.parameters())
-    tensors.append(table if token_ids is None else table[token_ids.to(table.device)])
-    return values_fingerprint(tensors)
 
 
 def validate_context_vectors(vectors: torch.Tensor | np.ndarray, hidden_size: int, context_size: int) -> torch.Tensor:
@@ -97,7 +69,7 @@ class ActiveContext(nn.Module):
         self.register_buffer("vectors", None, persistent=False)
         self.info: ContextInfo | None = None
         self.texts: list[str] | None = None  # the prompted documents, when the context was set from texts
-        # Only their rows of the first stage's embedding table feed the vectors (see first_stage_fingerprint).
+        # Only their rows of the first stage's embedding table feed the vectors (see freshness.first_stage_fingerprint).
         self.token_ids: torch.Tensor | None = None
         self.weights: torch.Tensor | None = None  # first_stage_fingerprint the vectors were embedded with
         # Bumped in place whenever the context changes; moved to shared memory when pickled (a multi-process pool's
@@ -139,7 +111,7 @@ class ActiveContext(nn.Module):
 
     def is_stale(self, fingerprint: Callable[[torch.Tensor | None], torch.Tensor]) -> bool:
         """Whether the first stage changed since the vectors were embedded. ``fingerprint(token_ids)``: the
-        current first-stage fingerprint (:func:`first_stage_fingerprint`), computed only when there are vectors."""
+        current first-stage fingerprint (:func:`~cde_st.modules.freshness.first_stage_fingerprint`), computed only when there are vectors."""
         if self.vectors is None or self.weights is None:
             return False
         return not torch.equal(fingerprint(self.token_ids), self.weights)

@@ -42,15 +42,10 @@ from cde_st.context import (
 )
 from cde_st.modules.backbone import get_adapter
 from cde_st.modules.context_attention import ContextKVCache, encode_with_context
-from cde_st.modules.context_state import (
-    ActiveContext,
-    context_arguments,
-    first_stage_fingerprint,
-    validate_context_vectors,
-)
+from cde_st.modules.context_state import ActiveContext, context_arguments, validate_context_vectors
 from cde_st.modules.contextual_config import CONFIG_FILE, ContextualConfig, config_field, field_names
 from cde_st.modules.encoders import build_encoder
-from cde_st.modules.freshness import WeightsCheck, embedding_fingerprint
+from cde_st.modules.freshness import WeightsCheck, embedding_fingerprint, first_stage_fingerprint
 from cde_st.modules.heads import build_added_parameters, instruction_token_id, mean_pool, pool_mask
 from cde_st.modules.model_prompts import ModelPrompts, prompt_property
 from cde_st.modules.persistence import config_dict, load_module, save_module, warn_if_plain_model
@@ -355,7 +350,7 @@ class ContextualTransformer(InputModule):
     def refresh_context(self) -> bool:
         """Recompute the active context if the first stage changed since it was set (e.g. by training).
 
-        It compares a fingerprint of the weights' values (:func:`~cde_st.modules.context_state.values_fingerprint`),
+        It compares a fingerprint of the weights' values (:func:`~cde_st.modules.freshness.values_fingerprint`),
         so any change counts (optimizer steps, fused ones too, ``param.data = ...``, ``load_state_dict``). A context
         set from texts is re-embedded from the same documents (its fingerprint stays the same); vectors given
         directly cannot be, and a warning says so once. Called before encoding with the active context (see

@@ -1,9 +1,9 @@
-"""Whether what a contextual module computed earlier still fits its weights: when an inference forward must compare
-the weights with those the active context came from (:class:`WeightsCheck`), and the key of everything its
-embeddings depend on (:func:`embedding_fingerprint`).
+"""Whether what a contextual module computed earlier still fits its weights: fingerprints of the weights' values
+(:func:`values_fingerprint`; :func:`first_stage_fingerprint`, what context vectors are computed from), when an
+inference forward must compare them with those the active context came from (:class:`WeightsCheck`), and the key of
+everything its embeddings depend on (:func:`embedding_fingerprint`).
 
-The comparison itself (a fingerprint of the weights' values, :func:`~cde_st.modules.context_state.values_fingerprint`)
-costs a few milliseconds for MiniLM; :class:`WeightsCheck` decides when it is due, so an encode call of many batches
+The comparison itself costs a few milliseconds for MiniLM; :class:`WeightsCheck` decides when it is due, so an encode call of many batches
 pays for it once. The module owns one and asks it before each inference forward; the check never calls the module.
 """
 
@@ -16,10 +16,37 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import nn
 
-from cde_st.modules.context_state import values_fingerprint
+__all__ = ["WeightsCheck", "embedding_fingerprint", "first_stage_fingerprint", "values_fingerprint"]
 
-__all__ = ["WeightsCheck", "embedding_fingerprint"]
+
+@torch.no_grad()
+def values_fingerprint(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A fingerprint of the *values* of ``tensors``: the sum of every row (last dimension), concatenated, float32.
+
+    One read of the values, so it sees every way a weight can change (optimizer steps, fused ones included, which
+    do not bump version counters; ``param.data = ...``; in-place edits through ``.data``; ``load_state_dict``):
+    any change of an element larger than the rounding of its row's sum, and any move of values between rows.
+    Kept on the CPU, so fingerprints taken before and after ``model.to(device)`` compare. Compare with
+    ``torch.equal``."""
+    rows = [t.detach().flatten(0, -2) if t.ndim > 1 else t.detach().reshape(1, -1) for t in tensors]
+    sums = [r.sum(-1, dtype=torch.float32) for r in rows]
+    return torch.cat(sums).cpu() if sums else torch.zeros(0)
+
+
+@torch.no_grad()
+def first_stage_fingerprint(
+    first_stage: nn.Module, context_head: nn.Module, token_ids: torch.Tensor | None
+) -> torch.Tensor:
+    """:func:`values_fingerprint` of what context vectors are computed from: the first stage and the context head,
+    of the input-embedding table only the rows of ``token_ids`` (the context's tokens; None: all rows, for vectors
+    given directly). One read of those weights (MiniLM, 64 documents: ~12M values)."""
+    table = first_stage.get_input_embeddings().weight
+    tensors = [p for p in first_stage.parameters() if p is not table]
+    tensors += list(context_head.parameters())
+    tensors.append(table if token_ids is None else table[token_ids.to(table.device)])
+    return values_fingerprint(tensors)
 
 
 class WeightsCheck:
