@@ -114,7 +114,7 @@ class ContextualTransformer(InputModule):
         self.second_adapter = get_adapter(self.second_stage.config.model_type)
         # Explicit prompts, kept only until the module joins a model (then they seed model.prompts: on_model_ready).
         explicit = (("query", query_prompt), ("document", document_prompt))
-        self._model_prompts = ModelPrompts({name: value for name, value in explicit if value is not None})
+        self.model_prompts = ModelPrompts({name: value for name, value in explicit if value is not None})
         self._instruction_token_id = instruction_token_id(tokenizer, config.pool_skip_instruction)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         added = build_added_parameters(self.config, self.first_stage, self.second_stage, self.second_adapter, pad_id)
@@ -208,7 +208,7 @@ class ContextualTransformer(InputModule):
             texts = [prompt + t for t in texts]
         features = self._tokenize(texts, self.max_seq_length)
         if prompt:
-            features["prompt_length"] = self._model_prompts.length(prompt, self.tokenizer)
+            features["prompt_length"] = self.model_prompts.length(prompt, self.tokenizer)
         return features
 
     def preprocess_context(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -484,7 +484,7 @@ class ContextualTransformer(InputModule):
         """sentence-transformers' hook once the model holding this module is built: join its prompts; a folder loaded
         into a plain SentenceTransformer is told how to load it as a contextual model."""
         super().on_model_ready(model)
-        self._model_prompts.join(model)
+        self.model_prompts.join(model)
         loaded_from, self._loaded_from = getattr(self, "_loaded_from", None), None
         warn_if_plain_model(loaded_from, model)
 

@@ -91,9 +91,9 @@ class ModelPrompts:
 
 def prompt_property(name: str, doc: str) -> property:
     """The ``name`` prompt ("query", "document") of a module that holds its :class:`ModelPrompts` as
-    ``_model_prompts``, as a settable attribute."""
+    ``model_prompts``, as a settable attribute."""
     return property(
-        lambda module: module._model_prompts.get(name, module),
-        lambda module, value: module._model_prompts.set(name, value, module),
+        lambda module: module.model_prompts.get(name, module),
+        lambda module, value: module.model_prompts.set(name, value, module),
         doc=doc,
     )
