@@ -51,13 +51,14 @@ from cde_st.modules.model_prompts import ModelPrompts, prompt_property
 from cde_st.modules.persistence import config_dict, load_module, save_module, warn_if_plain_model
 from cde_st.modules.source_pipeline import (
     STARTS_AS_SOURCE,
+    STARTS_AS_SOURCE_READING_LAYERS,
     SourcePipeline,
     load_source_encoders,
     starts_as_source_layers,
 )
 
 # STARTS_AS_SOURCE and starts_as_source_layers live with the source encoder (importable from here as before).
-__all__ = ["STARTS_AS_SOURCE", "ContextualTransformer", "starts_as_source_layers"]
+__all__ = ["STARTS_AS_SOURCE", "STARTS_AS_SOURCE_READING_LAYERS", "ContextualTransformer", "starts_as_source_layers"]
 
 logger = logging.getLogger(__name__)
 
