@@ -3,7 +3,7 @@
 A saved module is a folder of: ``cde_config.json`` (the :class:`ContextualConfig`, both encoder configs, the
 active context's info), ``model.safetensors`` (the weights, with the encoder configs and tokenizer size in its
 metadata), the tokenizer files, ``context.safetensors`` (the active context, if any) and last ``cde_st_save.json``
-(the record of what this save wrote). Loading checks every file against the others (:mod:`integrity`), so a folder
+(the record of what this save wrote). Loading checks every file against the others (:mod:`cde_st.modules.integrity`), so a folder
 that is incomplete or mixed from two saves is an error that names the file, never wrong embeddings.
 
 The module's ``save`` and ``load`` (sentence-transformers' hooks) call :func:`save_module` and :func:`load_module`;
