@@ -169,3 +169,40 @@ class ContextInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def sample_prompted_context(
+    corpus: Sequence[str] | Mapping[Any, str], size: int, seed: int, prompt: str, keep_order: bool = False
+) -> tuple[list[str], ContextInfo]:
+    """The ``size`` documents a context is embedded from (:func:`sample_context`, each with ``prompt`` in front),
+    and the :class:`ContextInfo` that describes them."""
+    corpus = context_documents(corpus)  # the corpus as a set of documents, the rule of every route
+    sampled = [prompt + t for t in sample_context(corpus, size, seed, keep_order=keep_order)]
+    info = ContextInfo(
+        size=len(sampled),
+        seed=seed,
+        fingerprint=fingerprint_texts(sampled),
+        source="texts",
+        prompt=prompt,
+        corpus_size=len(corpus),
+    )
+    return sampled, info
+
+
+def vectors_context_info(vectors: np.ndarray) -> ContextInfo:
+    """The :class:`ContextInfo` of a context given as precomputed (n, d) vectors."""
+    return ContextInfo(size=len(vectors), seed=None, fingerprint=fingerprint_array(vectors), source="vectors")
+
+
+def context_input(context: Any, hidden_size: int) -> Any:
+    """``set_context``'s argument as texts (a sequence or mapping of strings) or vectors (a tensor or numeric array):
+    a numpy array of strings (or objects, checked as texts later) becomes a list; None is a TypeError that says what
+    to give (``hidden_size``: the width vectors must have)."""
+    if context is None:
+        raise TypeError(
+            "set_context: context is None. Give corpus texts (a list of strings) or first-stage vectors of "
+            f"shape (n, {hidden_size}); to remove the active context, call clear_context()."
+        )
+    if isinstance(context, np.ndarray) and context.dtype.kind in "USO":
+        return context.tolist()
+    return context

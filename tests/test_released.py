@@ -17,7 +17,13 @@ from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 
 from cde_st import ContextualSentenceTransformer, ContextualTransformer
-from cde_st.released import ReleasedCheckpointError, is_released_checkpoint, load_released, module_config
+from cde_st.released import (
+    BACKBONE_CONFIGS,
+    ReleasedCheckpointError,
+    is_released_checkpoint,
+    load_released,
+    module_config,
+)
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "cde_reference"
 ATOL = 1e-5
@@ -174,50 +180,9 @@ def test_offline_errors_name_what_is_missing(fixture_dir, tmp_path, monkeypatch)
         )
 
 
-# Public configs of the released backbones (answerdotai/ModernBERT-base, nomic-ai/nomic-bert-2048), model fields only.
-MODERNBERT_BASE = {
-    "model_type": "modernbert",
-    "vocab_size": 50368,
-    "hidden_size": 768,
-    "intermediate_size": 1152,
-    "num_hidden_layers": 22,
-    "num_attention_heads": 12,
-    "hidden_activation": "gelu",
-    "max_position_embeddings": 8192,
-    "norm_eps": 1e-05,
-    "norm_bias": False,
-    "pad_token_id": 50283,
-    "eos_token_id": 50282,
-    "bos_token_id": 50281,
-    "cls_token_id": 50281,
-    "sep_token_id": 50282,
-    "global_rope_theta": 160000.0,
-    "local_rope_theta": 10000.0,
-    "local_attention": 128,
-    "global_attn_every_n_layers": 3,
-    "attention_bias": False,
-    "mlp_bias": False,
-}
-NOMIC_BERT_2048 = {
-    "model_type": "nomic_bert",
-    "activation_function": "swiglu",
-    "n_embd": 768,
-    "n_head": 12,
-    "n_inner": 3072,
-    "n_layer": 12,
-    "n_positions": 2048,
-    "vocab_size": 30528,
-    "pad_vocab_size_multiple": 64,
-    "type_vocab_size": 2,
-    "layer_norm_epsilon": 1e-12,
-    "rotary_emb_base": 1000,
-    "rotary_emb_fraction": 1.0,
-    "rotary_emb_interleaved": False,
-    "prenorm": False,
-    "qkv_proj_bias": False,
-    "mlp_fc1_bias": False,
-    "mlp_fc2_bias": False,
-}
+# Public configs of the released backbones, model fields only (their one home: cde_st.released.BACKBONE_CONFIGS).
+MODERNBERT_BASE = BACKBONE_CONFIGS["answerdotai/ModernBERT-base"]
+NOMIC_BERT_2048 = BACKBONE_CONFIGS["nomic-ai/nomic-bert-2048"]
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ the same code:
 - :mod:`~cde_st.batching.sampler`: :class:`ClusteredBatchSampler`, which wires them into a sentence-transformers
   batch sampler. Its ``surrogate=`` is the model that embeds the pairs for the clustering, not the model being
   trained.
+  :mod:`~cde_st.batching.sampler_inputs` checks its options and reads its dataset's domains and text columns.
 """
 
 from cde_st.batching.cache import default_cache_dir, default_surrogate_cache_dir

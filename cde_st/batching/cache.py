@@ -149,4 +149,11 @@ def load_clustering(path: Path, num_rows: int, domain_names: list[Hashable]) -> 
     return clustering
 
 
-__all__ = ["default_cache_dir", "default_surrogate_cache_dir"]
+__all__ = [
+    "clustering_key",
+    "default_cache_dir",
+    "default_surrogate_cache_dir",
+    "load_clustering",
+    "model_fingerprint",
+    "save_clustering",
+]

@@ -243,4 +243,11 @@ def cluster_pairs(
     return PairClustering(labels, np.concatenate(centroids), np.concatenate(cluster_domains), names)
 
 
-__all__ = ["PairClustering", "cluster_pairs", "num_clusters_for"]
+__all__ = [
+    "PairClustering",
+    "cluster_pairs",
+    "encode_domains",
+    "faiss_use_gpu",
+    "normalize_rows",
+    "num_clusters_for",
+]

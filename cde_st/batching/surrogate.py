@@ -308,6 +308,7 @@ __all__ = [
     "distill_static_surrogate",
     "embed_pairs",
     "fit_static_surrogate",
+    "import_model2vec",
     "load_static_surrogate",
     "load_transformer_surrogate",
 ]

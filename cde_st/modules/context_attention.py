@@ -30,8 +30,8 @@ from torch import nn
 
 from cde_st.context import sample_indices
 from cde_st.modules.backbone import NO_POSITION, BackboneAdapter
-from cde_st.modules.context_state import values_fingerprint
 from cde_st.modules.contextual_config import ContextualConfig
+from cde_st.modules.freshness import values_fingerprint
 
 
 def tile_index(n: int, context_size: int, device) -> torch.Tensor:
@@ -143,7 +143,7 @@ def encode_with_context(
 
 
 def second_stage_fingerprint(backbone: nn.Module) -> torch.Tensor:
-    """:func:`~cde_st.modules.context_state.values_fingerprint` of the second-stage weights behind cached
+    """:func:`~cde_st.modules.freshness.values_fingerprint` of the second-stage weights behind cached
     keys/values (its layers; the input-embedding table is not used by the prefix rows)."""
     table = backbone.get_input_embeddings().weight
     return values_fingerprint([p for p in backbone.parameters() if p is not table])

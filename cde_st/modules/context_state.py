@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -33,34 +33,6 @@ from cde_st.modules.integrity import corrupt_file_error
 from cde_st.modules.warning_location import caller_stacklevel
 
 CONTEXT_FILE = "context.safetensors"
-
-
-@torch.no_grad()
-def values_fingerprint(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """A fingerprint of the *values* of ``tensors``: the sum of every row (last dimension), concatenated, float32.
-
-    One read of the values, so it sees every way a weight can change (optimizer steps, fused ones included, which
-    do not bump version counters; ``param.data = ...``; in-place edits through ``.data``; ``load_state_dict``):
-    any change of an element larger than the rounding of its row's sum, and any move of values between rows.
-    Kept on the CPU, so fingerprints taken before and after ``model.to(device)`` compare. Compare with
-    ``torch.equal``."""
-    rows = [t.detach().flatten(0, -2) if t.ndim > 1 else t.detach().reshape(1, -1) for t in tensors]
-    sums = [r.sum(-1, dtype=torch.float32) for r in rows]
-    return torch.cat(sums).cpu() if sums else torch.zeros(0)
-
-
-@torch.no_grad()
-def first_stage_fingerprint(
-    first_stage: nn.Module, context_head: nn.Module, token_ids: torch.Tensor | None
-) -> torch.Tensor:
-    """:func:`values_fingerprint` of what context vectors are computed from: the first stage and the context head,
-    of the input-embedding table only the rows of ``token_ids`` (the context's tokens; None: all rows, for vectors
-    given directly). One read of those weights (MiniLM, 64 documents: ~12M values)."""
-    table = first_stage.get_input_embeddings().weight
-    tensors = [p for p in first_stage.parameters() if p is not table]
-    tensors += list(context_head.parameters())
-    tensors.append(table if token_ids is None else table[token_ids.to(table.device)])
-    return values_fingerprint(tensors)
 
 
 def validate_context_vectors(vectors: torch.Tensor | np.ndarray, hidden_size: int, context_size: int) -> torch.Tensor:
@@ -97,7 +69,7 @@ class ActiveContext(nn.Module):
         self.register_buffer("vectors", None, persistent=False)
         self.info: ContextInfo | None = None
         self.texts: list[str] | None = None  # the prompted documents, when the context was set from texts
-        # Only their rows of the first stage's embedding table feed the vectors (see first_stage_fingerprint).
+        # Only their rows of the first stage's embedding table feed the vectors (see freshness.first_stage_fingerprint).
         self.token_ids: torch.Tensor | None = None
         self.weights: torch.Tensor | None = None  # first_stage_fingerprint the vectors were embedded with
         # Bumped in place whenever the context changes; moved to shared memory when pickled (a multi-process pool's
@@ -105,6 +77,7 @@ class ActiveContext(nn.Module):
         self.generation = torch.zeros(1, dtype=torch.long)
         self.generation_seen = 0
         self.warned_stale = False
+        self.warned_null = False  # until clear_context: said once that encoding uses the null context
 
     def __getstate__(self) -> dict:
         self.generation.share_memory_()  # in place: copies sent to other processes see later changes
@@ -138,7 +111,7 @@ class ActiveContext(nn.Module):
 
     def is_stale(self, fingerprint: Callable[[torch.Tensor | None], torch.Tensor]) -> bool:
         """Whether the first stage changed since the vectors were embedded. ``fingerprint(token_ids)``: the
-        current first-stage fingerprint (:func:`first_stage_fingerprint`), computed only when there are vectors."""
+        current first-stage fingerprint (:func:`~cde_st.modules.freshness.first_stage_fingerprint`), computed only when there are vectors."""
         if self.vectors is None or self.weights is None:
             return False
         return not torch.equal(fingerprint(self.token_ids), self.weights)
@@ -153,6 +126,18 @@ class ActiveContext(nn.Module):
                 stacklevel=caller_stacklevel(),
             )
             self.warned_stale = True
+
+    def warn_null_once(self, stacklevel: int | None = None) -> None:
+        """Encoding without a context: say once (until :attr:`warned_null` is reset) that the null context is used.
+        ``stacklevel``: as ``warnings.warn``'s, from this method (None: the user's line)."""
+        if not self.warned_null:
+            warnings.warn(
+                "No context is set: encoding with the null context (the model then acts as a plain bi-encoder). "
+                "Call model.set_context(corpus_texts) first, or pass context_vectors=.",
+                UserWarning,
+                stacklevel=caller_stacklevel() if stacklevel is None else stacklevel,
+            )
+            self.warned_null = True
 
     def check_pool_copy(self) -> None:
         """In a copy made for another process (a multi-process pool's worker): raise if the original's context
@@ -223,3 +208,36 @@ def read_context_file(
             f"context_info.size={info.size}: the two files do not belong together."
         )
     return vectors, info, json.loads(texts) if texts else None
+
+
+def context_arguments(
+    features: dict,
+    context_vectors: torch.Tensor | None,
+    context_mask: torch.Tensor | None,
+    dataset_embeddings: torch.Tensor | None,
+    unexpected: dict,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The context (None: the active one) and context mask of one forward, each given as a keyword or a
+    ``features`` key; the context under either name (``context_vectors``, or ``dataset_embeddings``, the released
+    models' name). Both names, a mask without a context, or any ``unexpected`` keyword (a misspelt name would
+    otherwise leave the call on the active context without a word) is an error."""
+    if unexpected:
+        raise TypeError(
+            f"ContextualTransformer.forward() got unexpected keyword argument(s) {sorted(unexpected)}; it accepts "
+            "['context_mask', 'context_vectors', 'dataset_embeddings']."
+        )
+    given = {
+        name: value if value is not None else features.get(name)
+        for name, value in (("context_vectors", context_vectors), ("dataset_embeddings", dataset_embeddings))
+    }
+    given = {name: value for name, value in given.items() if value is not None}
+    if len(given) > 1:
+        raise TypeError(
+            "forward() got both context_vectors= and dataset_embeddings= (its alias, the released models' name); "
+            "pass one."
+        )
+    context_vectors = next(iter(given.values()), None)
+    context_mask = features.get("context_mask") if context_mask is None else context_mask
+    if context_mask is not None and context_vectors is None:
+        raise ValueError("context_mask needs the context it masks: pass context_vectors as well.")
+    return context_vectors, context_mask

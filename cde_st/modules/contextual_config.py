@@ -350,3 +350,21 @@ def _check_layers(layers: list[int] | None, num_layers: int) -> list[int] | None
             f"(0..{num_layers - 1}, or negative from the top), got {layers!r}."
         )
     return sorted({i % num_layers for i in layers})
+
+
+def config_field(name: str, doc: str | None = None, checked_against: str | None = None) -> property:
+    """Config field ``name`` of a module that holds a ``config`` (:class:`ContextualConfig`) as an attribute of the
+    module: read-only; with ``doc``, settable (a value for a token limit is checked against the encoder the module
+    holds under ``checked_against``). A set replaces the module's config, never edits it."""
+
+    def get(self) -> Any:
+        return getattr(self.config, name)
+
+    def set_(self, value: Any) -> None:
+        if checked_against is not None:
+            value = check_seq_length(name, value, getattr(self, checked_against))
+        self.config = dataclasses.replace(self.config, **{name: value})
+
+    if doc is None:
+        return property(get, doc=f"``config.{name}`` (see ContextualConfig).")
+    return property(get, set_, doc=doc)

@@ -40,7 +40,9 @@ def resolve_attn_implementation(name: str | None) -> str:
 
 def build_encoder(config: dict | Any, attn_implementation: str | None) -> PreTrainedModel:
     """A randomly initialised encoder from its config (a transformers config, or its dict with ``model_type``):
-    the weights are loaded afterwards."""
+    the weights are loaded afterwards. An encoder given instead of a config is returned as it is."""
+    if isinstance(config, PreTrainedModel):
+        return config
     if isinstance(config, dict):
         config = dict(config)
         config = AutoConfig.for_model(config.pop("model_type"), **config)

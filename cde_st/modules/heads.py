@@ -1,10 +1,14 @@
 """The small learned parts a contextual model adds around its two encoders: the first-stage and output heads, the
-soft prompt of the released models, and the mean pooling both stages use."""
+null vector, the context gates, the soft prompt of the released models (:func:`build_added_parameters` makes all of
+them), and the mean pooling both stages use (with :func:`pool_mask`, the positions the second stage pools)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -46,3 +50,78 @@ class SoftPrompt(nn.Module):
     def forward(self) -> torch.Tensor:
         weight = self.projection[0].weight
         return self.projection(weight.new_ones(weight.shape[1])).view(self.n, -1)  # (n, d)
+
+
+def build_added_parameters(
+    config: Any, first_stage: PreTrainedModel, second_stage: PreTrainedModel, second_adapter: Any, pad_id: int
+) -> dict[str, nn.Module | nn.Parameter | None]:
+    """The parts cde_st adds to the two encoders, by attribute name: ``context_head``, ``null_vector``,
+    ``soft_prompt``, ``gates``, ``head``. Made in this order, which fixes how a seeded construction draws their initial
+    values (and the order the module registers them in). ``config``: the module's ``ContextualConfig``;
+    ``second_adapter``: the second stage's backbone adapter; ``pad_id``: the tokenizer's padding id."""
+    config2 = second_stage.config
+    d1, d2 = first_stage.config.hidden_size, config2.hidden_size
+    if config.first_stage_head == "mlp":
+        head = Head(d1, d2, "gelu", residual=config.first_stage_residual and d1 == d2)
+    else:
+        head = nn.Identity()
+    if config.first_stage_norm:
+        # Context rows replace token embeddings at M2's input: normalise them like M2's embedding layer does
+        # (initialised from it), so a model built from a pretrained encoder starts close to in-distribution.
+        source = second_adapter.input_norm(second_stage)
+        if source is not None:
+            norm = nn.LayerNorm(d2, eps=source.eps, bias=source.bias is not None)
+            norm.load_state_dict(source.state_dict())
+        else:
+            norm = nn.LayerNorm(d2, eps=getattr(config2, "layer_norm_eps", 1e-12))
+        head = nn.Sequential(head, norm)
+    added: dict[str, nn.Module | nn.Parameter | None] = {"context_head": head}
+    # The null slot starts as M2's own [PAD] embedding, which pretrained encoders learn to attend past.
+    with torch.no_grad():
+        pad = second_adapter.embed_tokens(second_stage, torch.tensor([[pad_id]]), None)[0, 0]
+    added["null_vector"] = nn.Parameter(pad.detach().clone())
+    added["soft_prompt"] = SoftPrompt(d2, config.soft_prompt_tokens) if config.soft_prompt_tokens else None
+    added["gates"] = (
+        nn.Parameter(torch.zeros(config2.num_hidden_layers, config2.num_attention_heads))
+        if config.context_gate
+        else None
+    )
+    added["head"] = (
+        nn.Identity()
+        if config.output_head == "none"
+        else Head(d2, d2, "relu", residual=config.output_head == "residual_mlp")
+    )
+    return added
+
+
+def instruction_token_id(tokenizer: Any, instruction: str | None) -> int | None:
+    """The token id that ends a task instruction (``pool_skip_instruction``: its first token), None without one."""
+    if instruction is None:
+        return None
+    ids = tokenizer.encode(instruction, add_special_tokens=False)
+    if not ids:
+        raise ValueError(f"pool_skip_instruction={instruction!r} tokenises to nothing.")
+    return ids[0]
+
+
+def pool_mask(
+    features: dict[str, torch.Tensor], include_prompt: bool, instruction_token_id: int | None
+) -> torch.Tensor:
+    """(B, L) mask of the text positions mean pooling reads: not padding, not the prompt (``include_prompt=False``
+    with a ``prompt_length`` feature), not the task instruction (positions up to the first later occurrence of
+    ``instruction_token_id``, the ``pool_skip_instruction`` delimiter)."""
+    input_ids, mask = features["input_ids"], features["attention_mask"]
+    prompt_length = features.get("prompt_length")
+    if not include_prompt and prompt_length is not None:
+        pl = int(prompt_length[0]) if isinstance(prompt_length, torch.Tensor) else int(prompt_length)
+        mask = mask.clone()
+        mask[:, :pl] = 0
+    if instruction_token_id is None:
+        return mask
+    # Drop positions 0..p, p the first position > 0 holding the instruction delimiter (if any).
+    hits = (input_ids == instruction_token_id) & mask.bool()
+    hits[:, 0] = False
+    found = hits.any(dim=1, keepdim=True)
+    end = hits.int().argmax(dim=1, keepdim=True)
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+    return mask * ~(found & (positions <= end))

@@ -31,6 +31,15 @@ class ModelPrompts:
     def __init__(self, explicit: dict[str, str]) -> None:
         self.explicit = dict(explicit)
         self._model: weakref.ref | None = None  # weak: the model owns the module, not the other way round
+        self._lengths: dict[str, int] = {}  # prompt -> its token count
+
+    def length(self, prompt: str, tokenizer: Any) -> int:
+        """How many of the first tokens of a prompted text are the prompt's (for pooling without the prompt)."""
+        if prompt not in self._lengths:
+            ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            # [CLS] prompt [SEP]: the trailing special token is not part of the prompt.
+            self._lengths[prompt] = len(ids) - (1 if ids and ids[-1] in tokenizer.all_special_ids else 0)
+        return self._lengths[prompt]
 
     def join(self, model: Any) -> None:
         """The module joined ``model`` (sentence-transformers' ``on_model_ready``): link to it, seed its prompts."""
@@ -75,5 +84,16 @@ class ModelPrompts:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.explicit = state["explicit"]
+        self._lengths = {}
         model = state["model"]
         self._model = weakref.ref(model) if model is not None else None
+
+
+def prompt_property(name: str, doc: str) -> property:
+    """The ``name`` prompt ("query", "document") of a module that holds its :class:`ModelPrompts` as
+    ``model_prompts``, as a settable attribute."""
+    return property(
+        lambda module: module.model_prompts.get(name, module),
+        lambda module, value: module.model_prompts.set(name, value, module),
+        doc=doc,
+    )

@@ -1,17 +1,56 @@
-"""What a pretrained encoder's folder does around its transformer (max length, pooling, normalisation), read from a
-local folder or a hub id before a contextual model is built from it."""
+"""The pretrained encoder a contextual model is built from (``from_encoder``): what its folder does around its
+transformer (max length, pooling, normalisation), read from a local folder or a hub id; the recipe a new model
+starts with (:data:`STARTS_AS_SOURCE`); and the two encoders and fields :func:`load_source_encoders` gives the
+module's constructor."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import try_to_load_from_cache
 from sentence_transformers.sentence_transformer.modules import Pooling
 from sentence_transformers.util import load_file_path
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from cde_st.modules.contextual_config import position_limit
+from cde_st.modules.encoders import load_pretrained_pair
+from cde_st.modules.warning_location import caller_stacklevel
+
+__all__ = [
+    "STARTS_AS_SOURCE",
+    "STARTS_AS_SOURCE_READING_LAYERS",
+    "SourcePipeline",
+    "check_encoder_location",
+    "load_source_encoders",
+    "read_source_pipeline",
+    "starts_as_source_layers",
+]
+
+#: The recipe a model built by :meth:`ContextualTransformer.from_encoder` starts with unless told otherwise: an
+#: untrained model that is exactly its source encoder whatever the context (cached context read through a
+#: zero-initialised gate, no added heads). This is the one home of the recipe; the ``mini`` training preset
+#: (``cde_st/training/presets/mini.yaml``) writes the same fields out so that a run's config records them, and
+#: ``tests/training/test_config.py`` checks that the two agree. ContextualConfig's own defaults (joint attention,
+#: heads) stay those of the paper, so folders saved without these fields load unchanged.
+STARTS_AS_SOURCE: dict[str, Any] = {
+    "context_attention": "cached",
+    "context_gate": True,
+    "output_head": "none",
+    "first_stage_head": "none",
+}
+#: With :data:`STARTS_AS_SOURCE`, this many top second-stage layers read the context (MiniLM's 6: [3, 4, 5]).
+STARTS_AS_SOURCE_READING_LAYERS = 3
+
+
+def starts_as_source_layers(num_layers: int) -> list[int]:
+    """The ``context_layers`` of :data:`STARTS_AS_SOURCE` for a second stage of ``num_layers`` layers."""
+    return list(range(max(0, num_layers - STARTS_AS_SOURCE_READING_LAYERS), num_layers))
 
 
 @dataclass(frozen=True)
@@ -100,3 +139,32 @@ def _saved_max_seq_length(name_or_path: str, subfolder: str) -> int | None:
     with open(tok_path, encoding="utf-8") as f:
         max_len = json.load(f).get("model_max_length")
     return max_len if isinstance(max_len, int) and max_len < _NO_LIMIT else None
+
+
+def load_source_encoders(
+    name_or_path: str, fields: dict[str, Any], source: SourcePipeline | None = None
+) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+    """The two encoders (independent copies of the pretrained one), its tokenizer, and the ``ContextualConfig``
+    fields to build the module with: ``fields`` over :data:`STARTS_AS_SOURCE` (unless ``fields`` names
+    ``context_attention`` or a released-compatibility field), and ``max_seq_length`` from the source folder where
+    not given. ``source``: the :func:`read_source_pipeline` of ``name_or_path`` when the caller has already read it."""
+    source = read_source_pipeline(name_or_path) if source is None else source
+    start_as_source = "context_attention" not in fields and not (
+        fields.get("embed_joint_sequence") or fields.get("prefix_positions", "none") != "none"
+    )
+    fields = {**STARTS_AS_SOURCE, **fields} if start_as_source else dict(fields)
+    if source.pooling_mode != "mean":
+        warnings.warn(
+            f"{name_or_path!r} pools with {source.pooling_mode!r}; the contextual model mean-pools its second "
+            "stage, so it does not start with that encoder's embeddings.",
+            UserWarning,
+            stacklevel=caller_stacklevel(),
+        )
+    first, second, tokenizer = load_pretrained_pair(source.model_dir, fields.get("attn_implementation", "auto"))
+    if start_as_source and "context_layers" not in fields:
+        fields["context_layers"] = starts_as_source_layers(second.config.num_hidden_layers)
+    if "max_seq_length" not in fields:
+        model_max = getattr(tokenizer, "model_max_length", 512) or 512
+        limit = position_limit(second) or 512
+        fields["max_seq_length"] = int(min(source.max_seq_length or model_max, model_max, 512, limit))
+    return first, second, tokenizer, fields
