@@ -18,6 +18,8 @@ fails with one line per violation, ``path:line: what``. What is checked:
   choice) is listed. A name is public when it does not start with an underscore. Constants and type aliases
   count; a module's ``logger = logging.getLogger(...)`` does not (it is logging's handle, not an API). Modules
   without ``__all__`` are not checked.
+- **The results page stays a page**: ``docs/RESULTS.md`` holds at most :data:`MAX_RESULTS_LINES` lines of current
+  numbers (history goes to ``docs/experiment_log.md``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
+MAX_RESULTS_LINES = 250
 #: Benchmark files over the size limit that another branch splits; remove from here once it is merged.
 KNOWN_LARGE_BENCHMARKS = (
     "benchmarks/speed/gpu_first_light.py",
@@ -236,6 +239,13 @@ def test_no_import_of_another_modules_private_name():
 def test_every_public_name_is_in_its_modules_all():
     violations = [v for path in python_files("cde_st") for v in missing_from_all(path)]
     assert not violations, report(violations)
+
+
+def test_results_page_holds_current_numbers_only():
+    lines = line_count(ROOT / "docs" / "RESULTS.md")
+    assert lines <= MAX_RESULTS_LINES, (
+        f"docs/RESULTS.md has {lines} lines (at most {MAX_RESULTS_LINES}): move history to docs/experiment_log.md"
+    )
 
 
 # The checks themselves, on small sources: each must find what it is meant to find.
