@@ -67,57 +67,44 @@ BUDGETS = {"agreement": 60, "encode": 60, "step": 70, "sdpa": 35, "kmeans": 25, 
 SMOKE_BUDGETS = {"agreement": 60, "encode": 60, "step": 60, "sdpa": 60, "kmeans": 60, "surrogate": 60}
 GRACE_S = 20  # past its budget a section's worker is killed: the soft checks inside failed to stop it
 
-FULL = dict(
-    bert=dict(hidden_size=384, layers=6, heads=12, intermediate_size=1536),  # all-MiniLM-L6-v2's shape
-    modernbert=MODERNBERT_BASE,
-    context_size=512,
-    agreement_docs=32,  # the CPU float32 pass of the real-size v2 bounds these
-    agreement_queries=16,
-    agreement_context=32,
-    doc_words=200,
-    query_words=16,
-    encode_batches=[128, 512],
-    encode_batches_per_row=4,
-    step_batch=512,
-    step_lengths=[128, 512],
-    step_mini_batch=64,
-    step_warmup=1,
-    step_steps=2,
-    kmeans_pairs=1_000_000,
-    kmeans_dim=384,
-    kmeans_cluster_size=1024,
-    surrogate_pairs=8192,
-    surrogate_batch=1024,
-)
-SMOKE = dict(
-    bert=dict(hidden_size=32, layers=6, heads=2, intermediate_size=64),
-    modernbert={
-        **MODERNBERT_BASE,
-        "hidden_size": 32,
-        "intermediate_size": 48,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 2,
-        "local_attention": 16,
-    },
-    context_size=8,
-    agreement_docs=6,
-    agreement_queries=4,
-    agreement_context=4,
-    doc_words=24,
-    query_words=6,
-    encode_batches=[4, 8],
-    encode_batches_per_row=2,
-    step_batch=8,
-    step_lengths=[16],
-    step_mini_batch=4,
-    step_warmup=0,
-    step_steps=1,
-    kmeans_pairs=3000,
-    kmeans_dim=16,
-    kmeans_cluster_size=100,
-    surrogate_pairs=64,
-    surrogate_batch=16,
-)
+# Every size as (the real run, --smoke): the smoke run goes through every section at sizes a CPU runs in seconds.
+SIZES = {
+    "bert": (  # the real run: all-MiniLM-L6-v2's shape
+        dict(hidden_size=384, layers=6, heads=12, intermediate_size=1536),
+        dict(hidden_size=32, layers=6, heads=2, intermediate_size=64),
+    ),
+    "modernbert": (
+        MODERNBERT_BASE,
+        {
+            **MODERNBERT_BASE,
+            "hidden_size": 32,
+            "intermediate_size": 48,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 2,
+            "local_attention": 16,
+        },
+    ),  # fmt: skip
+    "context_size": (512, 8),
+    "agreement_docs": (32, 6),  # the CPU float32 pass of the real-size v2 bounds these
+    "agreement_queries": (16, 4),
+    "agreement_context": (32, 4),
+    "doc_words": (200, 24),
+    "query_words": (16, 6),
+    "encode_batches": ([128, 512], [4, 8]),
+    "encode_batches_per_row": (4, 2),
+    "step_batch": (512, 8),
+    "step_lengths": ([128, 512], [16]),
+    "step_mini_batch": (64, 4),
+    "step_warmup": (1, 0),
+    "step_steps": (2, 1),
+    "kmeans_pairs": (1_000_000, 3000),
+    "kmeans_dim": (384, 16),
+    "kmeans_cluster_size": (1024, 100),
+    "surrogate_pairs": (8192, 64),
+    "surrogate_batch": (1024, 16),
+}
+FULL = {name: sizes[0] for name, sizes in SIZES.items()}
+SMOKE = {name: sizes[1] for name, sizes in SIZES.items()}
 
 
 # ================================================================ worker
