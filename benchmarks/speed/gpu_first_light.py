@@ -19,12 +19,18 @@ in the output was measured in this run.
   the v2 architecture (J = 512) against a plain ModernBERT-base bi-encoder.
 - ``step``: one training step (FilteredInfoNCELoss without guide + AdamW, bf16 autocast) of the contextual model
   (mini recipe) and of its bi-encoder on the MiniLM-shaped encoder, batch = J = 512, length 128 and 512, with and
-  without two-stage gradient caching: median step time and peak memory (``bench_gpu.measure_step``).
+  without two-stage gradient caching: median step time and peak memory (``train_step.measure_step``).
 - ``sdpa``: which scaled-dot-product-attention kernel each attention path runs by default (the aten op the profiler
   records) and which kernels it can run when forced (``torch.nn.attention.sdpa_kernel``), in bf16 autocast.
 - ``kmeans``: the clustered sampler's spherical k-means of 1M x 384 pairs (k = pairs / 1024, 256 training points
   per centroid, 20 iterations, every pair assigned): written in torch on the device, and ``cluster_pairs`` itself
   (faiss, on the GPU when faiss is a GPU build that sees one, else the CPU) when faiss imports; rows name which.
+- ``surrogate``: the clustered sampler's MiniLM surrogate (``embed_pairs``, length 64) in pairs per second in
+  float32, with TF32 matmuls, in float16 and bfloat16 weights (with the lowest cosine to float32), against the
+  host's tokenisation alone.
+
+The sections live in ``first_light_sections.py`` and the random models and texts in ``random_models.py``, beside
+this driver, which runs them in worker processes under their budgets and writes the report.
 
 Texts are words of the tokenizer's vocabulary (one token each), documents about 200 tokens and queries about 16. The
 tokenizer is all-MiniLM-L6-v2's (``--tokenizer``, default: the offline package or the folder ``.gpu/minilm``), or a
