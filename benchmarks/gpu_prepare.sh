@@ -1,33 +1,49 @@
 #!/usr/bin/env bash
-# Assemble, in the git-ignored folder .gpu/, everything the two GPU calls carry, check that each call fits the
-# device tool's 64 MiB, and print both calls. Run it here (no GPU needed; minutes: the data is recompressed), then
-# make the two device calls back to back (benchmarks/speed/RESULTS_gpu.md, "Running it").
+# Pack, in the git-ignored folder .gpu/, everything an offline GPU machine needs for the GPU benchmarks (first light
+# and the scale run), and check that what is copied to it at once stays under a size limit. Run it on any machine
+# with this repository, the data and internet access to PyPI (no GPU needed; minutes: the data is recompressed and
+# the pairs are clustered here, so that the GPU's time goes to training). Then copy the repository and the bundles
+# to the GPU machine and run benchmarks/gpu_run.sh there (benchmarks/speed/RESULTS_gpu.md, "Running it").
 #
-#   .gpu/wheels_a/  sentence-transformers 6.2 (the machine has 6.0.1; cde_st needs >= 6.2), datasets and its two
-#                   pure-Python needs the machine lacks (dill, multiprocess): each call installs them into /tmp/site
-#   .gpu/minilm/    all-MiniLM-L6-v2 with float16 weights (44 MiB; float32 would be 87 and fit no call):
-#                   carried by call 1, left on the warm machine for call 2 (the base, surrogate and guide model)
-#   .gpu/wheels_b/  faiss-cpu (the clustered sampler's packing, and its k-means should the clustering below not
-#                   be found) and model2vec (its version is part of the clustering's cache key): carried by call 2
+#   .gpu/wheels_a/  sentence-transformers 6.2 (cde_st needs >= 6.2; a GPU image may have an older one), datasets and
+#                   its two pure-Python needs (dill, multiprocess), for Python 3.12 on x86-64 Linux: gpu_run.sh
+#                   installs them into /tmp/site
+#   .gpu/minilm/    all-MiniLM-L6-v2 with float16 weights (44 MiB; float32 would be 87): the base, surrogate and
+#                   guide model (scale_run.py widens it back to float32)
+#   .gpu/wheels_b/  faiss-cpu (the clustered sampler's packing, and its k-means should the clustering below not be
+#                   found) and model2vec (its version is part of the clustering's cache key)
 #   .gpu/data/      scale_data.tar.xz: pairs_wiki, pairs and the four corpora, recompressed from gzip to xz
-#                   (38 + 6 + 5 MiB -> about 33): carried by call 2
-#   .gpu/cache/clusters/  the pairs' clustering for seeds 42 and 7, computed here (scale_run.py --cluster-only,
-#                   static surrogate: about 4 minutes a seed on 2 cores) so that the lease's time goes to training:
-#                   carried by call 2 (2.8 MiB a seed)
+#                   (38 + 6 + 5 MiB -> about 33)
+#   .gpu/cache/clusters/  the pairs' clustering for seeds 42 and 7 (scale_run.py --cluster-only, static surrogate:
+#                   about 4 minutes a seed on 2 cores; 2.8 MiB a seed)
 #
-# Usage: bash benchmarks/gpu_prepare.sh [DATA_DIR]   (default ../shared/data)
+# Bundles: what is copied to the GPU machine at once, the repository's files (tracked, and untracked ones git does
+# not ignore) included. Where everything fits the limit, one bundle holds it all; else bundle 1 brings the model
+# (wheels_a, minilm) and bundle 2, copied to the same machine afterwards, the rest (wheels_a, wheels_b, data,
+# clusters): the model cannot travel with the data in 64 MiB (44 + 33 + 18 > 64).
+#
+# Usage: bash benchmarks/gpu_prepare.sh [--limit-mib N] [DATA_DIR]   (defaults: 64 MiB, ../shared/data)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+limit_mib=64
+if [[ ${1:-} == --limit-mib ]]; then
+  limit_mib=${2:-}
+  shift 2 || true
+fi
+if ! [[ $limit_mib =~ ^[0-9]+$ ]] || ((limit_mib == 0)); then
+  echo "--limit-mib takes a whole number of MiB above 0, not '$limit_mib'" >&2
+  exit 2
+fi
 data=${1:-../shared/data}
 python=${PYTHON:-python}
 
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >>"$exclude"
-git check-ignore -q .gpu/probe || { echo ".gpu/ is not git-ignored: it would travel with every call" >&2; exit 1; }
+git check-ignore -q .gpu/probe || { echo ".gpu/ is not git-ignored: it would travel with the repository's files" >&2; exit 1; }
 mkdir -p .gpu/wheels_a .gpu/wheels_b .gpu/data .gpu/cache
 
-# cp312 manylinux wheels, as the device README says; versions: the ones the smoke runs were tested with.
+# cp312 manylinux wheels; versions: the ones the smoke runs were tested with.
 download=("$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
@@ -75,8 +91,8 @@ if [[ ! -f $archive ]]; then
 fi
 
 # The clustering the run's sampler would compute first, computed here: the same script, data, model and --work path
-# as call 2 (the cache key holds the surrogate's path; the script fixes its files' mtimes).
-# One clustering per seed of the device calls (the seed is part of the key); a marker says a seed's is there.
+# as the scale run on the GPU machine (the cache key holds the surrogate's path; the script fixes its files' mtimes).
+# One clustering per seed of the runs (the seed is part of the key); a marker says a seed's is there.
 for seed in 42 7; do
   if [[ ! -f .gpu/cache/seed-$seed.done ]]; then
     OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 CDE_ST_CACHE=$PWD/.gpu/cache "$python" benchmarks/quality/scale_run.py \
@@ -86,17 +102,6 @@ for seed in 42 7; do
   fi
 done
 
-# What each call sends: the working tree (tracked + untracked files git does not ignore) plus its carried paths.
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
-size() { du -sb "$@" | awk '{s += $1} END {print s}'; }
-a=$((tree + $(size .gpu/wheels_a .gpu/minilm)))
-b=$((tree + $(size .gpu/wheels_a .gpu/wheels_b .gpu/data .gpu/cache/clusters)))
-limit=$((64 * 1024 * 1024))
-awk -v t="$tree" -v a="$a" -v b="$b" 'BEGIN {
-  printf "working tree %.1f MiB; call 1 (the model) %.1f MiB; call 2 (the scale run) %.1f MiB (limit 64 MiB each)\n", t / 2^20, a / 2^20, b / 2^20 }'
-for pair in "1 $a" "2 $b"; do
-  set -- $pair
-  if (($2 > limit)); then echo "call $1 is over the device tool's 64 MiB" >&2; exit 1; fi
-done
-echo 'call 1: carry [".gpu/wheels_a", ".gpu/minilm"]; call 2: carry [".gpu/wheels_a", ".gpu/wheels_b", ".gpu/data", ".gpu/cache/clusters"]'
-echo 'commands: benchmarks/speed/RESULTS_gpu.md, "Running it"'
+# What each bundle weighs (the repository's files plus its folders), checked against the limit.
+"$python" benchmarks/gpu_bundles.py --limit-mib "$limit_mib"
+echo 'on the GPU machine: benchmarks/speed/RESULTS_gpu.md, "Running it"'

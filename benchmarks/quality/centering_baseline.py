@@ -22,15 +22,18 @@ first reads its own J context documents of each corpus (seed 0, as the eval kit 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+from harness import write_json  # noqa: E402
+
 # the probe's scoring (same folder): one NDCG@10 and one renormalisation for both scripts
-from probe_corpus_statistics import ndcg_at_10, unit
-from sentence_transformers import SentenceTransformer
+from probe_corpus_statistics import ndcg_at_10, unit  # noqa: E402
+from sentence_transformers import SentenceTransformer  # noqa: E402
 
 from cde_st.data import load_beir
 from cde_st.model import is_contextual, set_context
@@ -85,8 +88,7 @@ def main() -> None:
                 scores.setdefault(f"centre J={size}", []).append(score)
         results[task] = scores
         print(task, {k: [round(v, 2) for v in vs] for k, vs in scores.items()}, flush=True)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps({"model": args.model, "settings": vars(args), "scores": results}, indent=1))
+    write_json(Path(args.output), {"model": args.model, "settings": vars(args), "scores": results})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The scale answer in one command: does the context help once MiniLM trains at batch = J = 512 on ~290k pairs?
 
-    python benchmarks/quality/scale_run.py --data .gpu/b/data.tar.xz --model .gpu/minilm --out "$OUT"   # GPU
+    python benchmarks/quality/scale_run.py --data .gpu/data/scale_data.tar.xz --model .gpu/minilm --out "$OUT"   # GPU
     python benchmarks/quality/scale_run.py --smoke --out /tmp/scale                                     # CPU, seconds
 
 Trains two models from all-MiniLM-L6-v2 with the ``mini`` preset's recipe (cde_st/training/presets/mini.yaml) at the
@@ -13,8 +13,8 @@ and sampler), false-negative filtering (guide: the same MiniLM), bf16, all pairs
 
 (d) trains first. Its learning rate follows transformers' linear schedule (warm-up over a tenth of an epoch, then a
 linear decay to 0) whose length (d) sets during the warm-up, from the median of its first timed steps: as many steps
-as fit its share of ``--budget-s``, at most ``--max-epochs`` epochs, so that the decay ends inside the lease instead
-of being cut short. A wall-time guard still stops it should later steps be slower. (cp) then trains on the same
+as fit its share of ``--budget-s``, at most ``--max-epochs`` epochs, so that the decay ends inside the run's time
+instead of being cut short. A wall-time guard still stops it should later steps be slower. (cp) then trains on the same
 schedule and stops at the step (d) reached, so both see the same steps and pairs. ``--plan-steps`` fixes the length
 instead (a second seed's run, with ``--stop-at-step``).
 
@@ -22,12 +22,12 @@ Then every model is scored on each BEIR folder of ``--corpora`` (default: SciFac
 ``--data``; any BEIR folders can be added) with NDCG@10 over the whole corpus (test split, max length 256,
 the evaluation kit's prefixes, context sampling and identical-ids rule) by
 :func:`cde_st.evaluation.ndcg.score_beir_folder`, which needs neither mteb, beir nor pytrec_eval: (a) zero-shot
-MiniLM (the weights as carried), the same with the retrieval prompts, (cp), and (d) at J = 0, 64 and 512.
+MiniLM (the weights as packed), the same with the retrieval prompts, (cp), and (d) at J = 0, 64 and 512.
 
 ``--data`` is a folder or a ``.tar.xz`` of one (extracted to a temporary folder) holding ``pairs_wiki/`` and
 ``pairs/`` (training; the ``scifact_train`` domain is left out, as the preset does) and
 ``retrieval/{scifact,med,cacm,lisa}``. ``--model`` is an all-MiniLM-L6-v2 sentence-transformers folder; float16
-weights (how it travels to the GPU machine) are widened to float32 in a temporary copy first.
+weights (as packed for the GPU machine) are widened to float32 in a temporary copy first.
 
 Output in ``--out`` (default ``$OUT``): ``scale_run.json`` (every score, per-query NDCG, steps, pairs seen, wall
 times, peak memory, the config) and ``scale_run.md`` (the table), rewritten after each stage so that a run stopped
@@ -35,329 +35,32 @@ from outside keeps what it finished; a short summary on stdout. ``--smoke``: a t
 tiny pairs and four generated BEIR folders, batch = J = 8, on the CPU.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
-import functools
 import json
 import logging
 import os
 import shutil
-import statistics
 import sys
-import tarfile
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this folder's modules and the shared benchmarks/harness.py
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-CORPORA = ("scifact", "med", "cacm", "lisa")
+from harness import command_line, environment, free_memory, log, write_json  # noqa: E402
+from scale_inputs import CORPORA, run_inputs  # noqa: E402
+from scale_training import cluster, make_config, row_of, score, train_one  # noqa: E402
+from time_budget import LinearSchedule  # noqa: E402
+
 # (d) plans its schedule's length at this step (or at the warm-up's end if sooner) from its last 20 steps' median
 PLAN_AT_STEP = 31
-FIXED_MTIME_NS = 1_700_000_000 * 10**9
-logger = logging.getLogger("scale_run")
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-# ------------------------------------------------------------------------------------------------ inputs
-def prepare_data(data: Path, work: Path) -> Path:
-    if data.is_dir():
-        return data
-    target = work / "data"
-    target.mkdir()
-    with tarfile.open(data, "r:*") as archive:
-        archive.extractall(target, filter="data")
-    return target
-
-
-def widen_model(folder: Path, work: Path) -> Path:
-    """The MiniLM folder with float32 weights: a float16 copy (how it travels) is widened in a temporary copy."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(folder / "model.safetensors")
-    if all(t.dtype != torch.float16 for t in tensors.values()):
-        return folder
-    target = work / "minilm32"
-    shutil.copytree(folder, target, ignore=shutil.ignore_patterns("model.safetensors"))
-    save_file(
-        {k: (v.float() if v.dtype == torch.float16 else v).contiguous() for k, v in tensors.items()},
-        target / "model.safetensors",
-        metadata={"format": "pt"},
-    )
-    # The clustering cache knows a surrogate folder by its path and its files' sizes and mtimes: fixed mtimes (and a
-    # fixed --work) let the GPU run find a clustering computed here with --cluster-only and carried along.
-    for file in target.rglob("*"):
-        os.utime(file, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
-    return target
-
-
-def halve_model(folder: Path, work: Path) -> Path:
-    """A copy of a model folder with float16 weights (how ``.gpu/minilm`` travels: benchmarks/gpu_prepare.sh)."""
-    from safetensors.torch import load_file, save_file
-
-    target = work / f"{folder.name}-fp16"
-    shutil.copytree(folder, target)
-    tensors = load_file(folder / "model.safetensors")
-    save_file(
-        {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in tensors.items()},
-        target / "model.safetensors",
-        metadata={"format": "pt"},
-    )
-    return target
-
-
-def smoke_inputs(work: Path) -> tuple[Path, str]:
-    """The tiny encoder, the built-in tiny pairs (as a jsonl folder) and four generated BEIR folders."""
-    import gzip
-
-    from cde_st.training.pairs import tiny_pairs
-    from cde_st.training.tiny import build_tiny_encoder
-
-    encoder = build_tiny_encoder(work / "tiny", num_layers=6)  # the preset reads the context in layers 3-5
-    data = work / "smoke_data"
-    (data / "pairs").mkdir(parents=True)
-    with gzip.open(data / "pairs" / "tiny.jsonl.gz", "wt", encoding="utf-8") as f:
-        for row in tiny_pairs():
-            f.write(json.dumps(row) + "\n")
-    topics = ["rain", "stocks", "proteins", "glaciers", "courts", "coffee", "music", "networks"]
-    for c, name in enumerate(CORPORA):
-        folder = data / "retrieval" / name
-        (folder / "qrels").mkdir(parents=True)
-        docs = [
-            {"_id": str(i), "title": "", "text": f"a passage number {i} explaining {topics[(i + c) % 8]}"}
-            for i in range(40)
-        ]
-        queries = [{"_id": str(100 + i), "text": f"question about {topics[(i + c) % 8]}"} for i in range(8)]
-        (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-        (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
-        qrels = "".join(f"{100 + i}\t{i + 8 * k}\t1\n" for i in range(8) for k in range(2))
-        (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels)
-    return data, encoder
-
-
-# ------------------------------------------------------------------------------------------------ training
-def make_config(args, model: str, base: str, pairs: list[str], output_dir: Path, max_steps: int, warmup: int):
-    from cde_st.training import TrainConfig
-
-    return TrainConfig.from_preset(
-        "mini",
-        model=model,
-        base_model=base,
-        surrogate=base,
-        guide=base,
-        surrogate_kind=args.surrogate_kind,
-        train_data=pairs,
-        max_pairs=None,
-        context_size=args.context_size,
-        max_seq_length=args.max_seq_length,
-        batch_size=args.batch_size,
-        cluster_size=args.batch_size,
-        filter_false_negatives=True,
-        bf16=args.bf16,
-        seed=args.seed,
-        max_steps=max_steps,
-        warmup_steps=warmup,
-        save_steps=10**9,  # no checkpoint: the models are scored in memory and cannot travel back anyway
-        logging_steps=args.logging_steps,
-        output_dir=str(output_dir),
-    )
-
-
-class LinearSchedule:
-    """transformers' linear schedule (warm-up from 0, then a linear decay to 0 at ``total``) with ``total`` open to
-    change: (d) plans it once its steps are timed. Changed during the warm-up, which does not depend on ``total``,
-    it gives every step the learning rate it would have had with that ``total`` from the start."""
-
-    def __init__(self, warmup: int, total: int) -> None:
-        self.warmup, self.total = warmup, total
-
-    def factor(self, step: int) -> float:
-        if step < self.warmup:
-            return step / max(1, self.warmup)
-        return max(0.0, (self.total - step) / max(1, self.total - self.warmup))
-
-
-def planned_total(step: int, seconds_left: float, step_s: float, cap: int, margin: float = 0.9) -> int:
-    """The schedule's length once ``step`` steps are done: the steps that fit in ``seconds_left`` at ``step_s`` a
-    step (with a margin for slower steps later), at most ``cap``, never fewer than those done."""
-    fit = step + int(margin * max(0.0, seconds_left) / step_s) if step_s > 0 else cap
-    return max(step, min(cap, fit))
-
-
-def guard_callback(deadline_from, stop_at: int | None, stop_reason: str, schedule: LinearSchedule, plan_at: int | None):
-    """The trainer callback that times the steps, plans ``schedule``'s length at step ``plan_at`` and stops the
-    training at the schedule's end, at ``stop_at`` or before the deadline (see :func:`train_one`)."""
-    from transformers import TrainerCallback
-
-    class Guard(TrainerCallback):
-        def __init__(self) -> None:
-            self.first_step_at: float | None = None
-            self.deadline = float("inf")
-            self.step_times: list[float] = []
-            self.last = None
-            self.stopped_by = "the schedule's end"  # until another stop; also the trainer's own max_steps
-            self.plan: dict | None = None
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            now = time.monotonic()
-            if self.first_step_at is None:
-                self.first_step_at, self.deadline = now, deadline_from(now)
-            self.last = now
-
-        def on_step_end(self, args, state, control, **kwargs):
-            now = time.monotonic()
-            self.step_times.append(now - self.last)
-            # the first step carries one-off costs (CUDA context, kernel choice): later steps predict the next
-            recent = self.step_times[1:][-20:] or self.step_times
-            if plan_at is not None and state.global_step == plan_at:
-                step_s = statistics.median(recent)
-                cap = schedule.total
-                schedule.total = planned_total(state.global_step, self.deadline - now, step_s, cap)
-                self.plan = {
-                    "at_step": plan_at,
-                    "step_s": round(step_s, 4),
-                    "seconds_left": round(self.deadline - now, 1),
-                    "cap": cap,
-                    "total": schedule.total,
-                }
-            if state.global_step >= schedule.total:
-                control.should_training_stop, self.stopped_by = True, "the schedule's end"
-            elif stop_at is not None and state.global_step >= stop_at:
-                control.should_training_stop, self.stopped_by = True, f"{stop_reason} ({stop_at})"
-            elif now + statistics.median(recent) > self.deadline:
-                control.should_training_stop, self.stopped_by = True, "its wall-time share"
-
-    return Guard()
-
-
-def train_one(
-    cfg,
-    pairs,
-    batch_sizes: list[int],
-    deadline_from,
-    stop_at: int | None,
-    schedule: LinearSchedule,
-    plan_at: int | None = None,
-    stop_reason: str = "the step (d) reached",
-) -> tuple[object, dict]:
-    """Train as cde_st's ``train()`` does (same model, loss, optimizer, batches, arguments) with ``schedule`` for
-    the learning rate and a callback that stops at the schedule's end, at ``stop_at`` steps or when the deadline
-    passes, whichever comes first. ``deadline_from(t)`` gives that deadline (time.monotonic) from the time ``t`` of
-    the first step: the set-up before it is measured, not guessed. With ``plan_at``, the schedule's length is set
-    at that step (within the warm-up) to the steps that fit before the deadline at the median step time so far."""
-    import torch
-    from torch.optim.lr_scheduler import LambdaLR
-
-    from cde_st.training.run import (
-        MainProcessSavingTrainer,
-        build_loss,
-        build_model,
-        build_optimizer,
-        training_arguments,
-    )
-
-    guard = guard_callback(deadline_from, stop_at, stop_reason, schedule, plan_at)
-    torch.manual_seed(cfg.seed)
-    start = time.monotonic()
-    model = build_model(cfg)
-    loss = build_loss(cfg, model)
-    sampler = batch_sampler(cfg, pairs)
-    args = training_arguments(cfg, pairs, None, batch_sampler=sampler, save_strategy="no")
-    optimizer = build_optimizer(cfg, model)
-    trainer = MainProcessSavingTrainer(
-        model=model,
-        args=args,
-        train_dataset=pairs.remove_columns("domain"),
-        loss=loss,
-        optimizers=(optimizer, LambdaLR(optimizer, schedule.factor)),
-        callbacks=[guard],
-    )
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    trainer.train()
-    end = time.monotonic()
-    steps = trainer.state.global_step
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    info = {
-        "steps": steps,
-        "pairs_seen": sum(batch_sizes[:steps]),
-        "pairs_available": len(pairs),
-        "stopped_by": guard.stopped_by,
-        "schedule": {"warmup_steps": schedule.warmup, "total_steps": schedule.total, "planned": guard.plan},
-        # 0 where the schedule ran to its end; above 0 where a stop cut its decay short
-        "lr_factor_at_stop": round(schedule.factor(steps), 4),
-        "setup_s": round((guard.first_step_at or end) - start, 1),  # data, model, surrogate embedding, k-means
-        "train_s": round(end - (guard.first_step_at or end), 1),
-        "first_step_s": round(guard.step_times[0], 4) if guard.step_times else None,
-        "step_s_median": round(statistics.median(guard.step_times[1:] or guard.step_times), 4)
-        if guard.step_times
-        else None,  # the first step left out where there are others
-        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
-        "loss_first_logged": losses[0] if losses else None,
-        "loss_last_logged": losses[-1] if losses else None,
-    }
-    model.eval()
-    return model, info
-
-
-def batch_sampler(cfg, pairs):
-    """The trainer's batch sampler (the library's, options bound), both models get the same, hence the same batches.
-    The surrogate embeds ~580k texts on a cache miss: larger encoding batches than the sampler's default 64."""
-    from cde_st.training.run import build_batch_sampler
-
-    sampler = build_batch_sampler(cfg, pairs)
-    return functools.partial(sampler, encode_batch_size=1024) if isinstance(sampler, functools.partial) else sampler
-
-
-def cluster(cfg, pairs, epochs: int) -> dict:
-    """Cluster the pairs as the trainer's sampler will (same options, same seed), so that both trainings load the
-    clustering from the cache and their set-up times hold no embedding or k-means. Says whether it was cached, and
-    the batch sizes of ``epochs`` epochs in the order both trainings see them (each epoch reorders the batches)."""
-    from cde_st.batching.cache import default_cache_dir
-
-    before = set(default_cache_dir().glob("clusters-*.npz")) if default_cache_dir().is_dir() else set()
-    sampler = batch_sampler(cfg, pairs)(
-        pairs.remove_columns("domain"), batch_size=cfg.batch_size, drop_last=False, seed=cfg.seed
-    )
-    path = getattr(sampler, "cache_path", None)
-    sizes = []
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)  # as the trainer does before each epoch
-        sizes += [len(batch) for batch in sampler]
-    return {
-        "batches": len(sampler),  # one epoch's
-        "batch_sizes": sizes,
-        "cache_file": None if path is None else Path(path).name,
-        "loaded_from_cache": path is not None and Path(path) in before,
-        "timings_s": {k: round(v, 1) for k, v in (getattr(sampler, "timings", None) or {}).items()},
-    }
-
-
-# ------------------------------------------------------------------------------------------------ scoring
-def score(model, corpora: dict[str, Path], context_size: int | None, batch_size: int, prefixes=None) -> dict:
-    """NDCG@10 on each corpus in float32 (as the kit scores on the CPU: the first GPU run measures how far float32
-    on the GPU is from the CPU)."""
-    from cde_st.evaluation.ndcg import score_beir_folder
-
-    model.max_seq_length = 256
-    return {
-        name: score_beir_folder(model, folder, context_size=context_size, batch_size=batch_size, prefixes=prefixes)
-        for name, folder in corpora.items()
-    }
-
-
-def row_of(label: str, results: dict) -> dict:
-    scores = {name: round(r["ndcg_at_k"], 2) for name, r in results.items()}
-    return {"row": label, **scores, "mean": round(statistics.mean(scores.values()), 2) if scores else None}
 
 
 @contextlib.contextmanager
@@ -389,26 +92,16 @@ def work_folder(path: Path | None):
     yield path
 
 
-def free() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def write(out: Path, report: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scale_run.json").write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
+    write_json(out / "scale_run.json", report)
     lines = [
         "# The scale run: (cp) vs (d) at batch = J = 512"
         + (" (smoke run: tiny sizes, numbers mean nothing)" if report["smoke"] else ""),
         "",
         f"Command: `{report['command']}`",
         "",
-        f"Device: {report['device']}; torch {report['torch']}.",
+        "Environment: " + "; ".join(f"{k} {v}" for k, v in report["environment"].items()) + ".",
         "",
         "| row | " + " | ".join(report["corpora"]) + f" | mean of {len(report['corpora'])} |",
         "|---|" + "---:|" * (len(report["corpora"]) + 1),
@@ -471,7 +164,7 @@ def parse_args() -> argparse.Namespace:
         default="static",
         help="what embeds the pairs for clustering (MiniLM either way): 'static' (its model2vec distillation fitted "
         "to it) clusters the ~290k pairs on a 2-core CPU in minutes, where MiniLM itself takes hours there and "
-        "152 s of an H100 lease",
+        "152 s of an H100",
     )
     parser.add_argument("--budget-s", type=float, default=400, help="the whole run, set-up and scoring included")
     parser.add_argument(
@@ -532,11 +225,10 @@ def new_report(args: argparse.Namespace) -> dict:
     import torch
 
     return {
-        "command": "python benchmarks/quality/scale_run.py " + " ".join(sys.argv[1:]),
+        "command": command_line(),
         "smoke": args.smoke,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "torch": torch.__version__,
+        "environment": environment("cuda" if torch.cuda.is_available() else "cpu"),
         "stages_s": {},
         "training": {},
         "scores": {},
@@ -544,21 +236,6 @@ def new_report(args: argparse.Namespace) -> dict:
         "corpora": [],
         "notes": [],
     }
-
-
-def inputs(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
-    """The data folder and the float32 base model; ``--smoke`` builds tiny ones and sends them through the real
-    run's input path (a .tar.xz of the data, float16 weights widened back to float32)."""
-    if not args.smoke:
-        return prepare_data(args.data, work), str(widen_model(args.model, work))
-    args.batch_size, args.context_size, args.eval_sizes = 8, 8, args.eval_sizes or [0, 4, 8]
-    args.eval_batch_size, args.logging_steps = 16, 2
-    folder, encoder = smoke_inputs(work)
-    archive = work / "smoke_data.tar.xz"
-    with tarfile.open(archive, "w:xz") as tar:
-        for part in folder.iterdir():
-            tar.add(part, arcname=part.name)
-    return prepare_data(archive, work), str(widen_model(halve_model(Path(encoder), work), work))
 
 
 def cluster_stage(args, report: dict, base: str, pairs: list[str], train_pairs, work: Path) -> None:
@@ -604,7 +281,7 @@ def plan(args, report: dict, n_pairs: int) -> tuple[int, list[int], int, int]:
 
 
 def score_zero_shot(args, report: dict, base: str, corpora: dict[str, Path]) -> None:
-    """The (a) rows: MiniLM as carried, without and with the retrieval prompts."""
+    """The (a) rows: MiniLM as packed, without and with the retrieval prompts."""
     import torch
 
     with stage_of(report, "score_a"):
@@ -657,7 +334,7 @@ def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs
                 log(f"(d) J={j}: " + ", ".join(f"{k} {v['ndcg_at_k']:.2f}" for k, v in results.items()))
         per_scoring = report["stages_s"]["score_d"] / len(args.eval_sizes)
         del model_d
-    free()
+    free_memory()
     write(args.out, report)
 
     # (cp): the same schedule, stopped at (d)'s step; its scoring and (a)'s kept in reserve
@@ -680,7 +357,7 @@ def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs
         with stage_of(report, "score_cp"):
             report["scores"]["(cp)"] = score(model_cp, corpora, None, args.eval_batch_size, prefixes=True)
         del model_cp
-    free()
+    free_memory()
     if not args.no_zero_shot:
         score_zero_shot(args, report, base, corpora)
     order = ["(a) zero-shot", "(a) with the prompts", "(cp)", *(f"(d) J={j}" for j in args.eval_sizes)]
@@ -697,7 +374,7 @@ def main() -> None:
     args.bf16 = bool(torch.cuda.is_available() and not args.smoke)
     report = new_report(args)
     with work_folder(args.work) as work:
-        data, base = inputs(args, work)
+        data, base = run_inputs(args, work)
         pairs = [str(p) for p in (data / "pairs_wiki", data / "pairs") if p.is_dir()]
         folders = args.corpora or [data / "retrieval" / name for name in CORPORA]
         report["corpus_folders"] = {Path(folder).name: str(folder) for folder in folders}

@@ -18,14 +18,13 @@ import argparse
 import gzip
 import json
 import os
-import platform
-import time
+import sys
 from pathlib import Path
 
-import torch
-
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
 
+from harness import environment, timed_calls, warm_up  # noqa: E402
 from sentence_transformers import SentenceTransformer  # noqa: E402
 
 from cde_st import ContextualSentenceTransformer  # noqa: E402
@@ -50,15 +49,14 @@ def interleaved_rates(models: dict, docs: list[str], batch_size: int, rounds: in
     """docs/s of each model on the same documents. The models take turns on each of ``rounds`` slices, so load
     from other processes on this shared machine falls on all of them alike and the ratios stay meaningful."""
     for model in models.values():
-        model.encode(docs[: 2 * batch_size], batch_size=batch_size)  # warm-up
+        warm_up(lambda model=model: model.encode(docs[: 2 * batch_size], batch_size=batch_size))
     seconds = dict.fromkeys(models, 0.0)
     step = -(-len(docs) // rounds)
     for start in range(0, len(docs), step):
         chunk = docs[start : start + step]
         for name, model in models.items():
-            t0 = time.perf_counter()
-            model.encode(chunk, batch_size=batch_size)
-            seconds[name] += time.perf_counter() - t0
+            (taken,), _ = timed_calls(lambda model=model, chunk=chunk: model.encode(chunk, batch_size=batch_size))
+            seconds[name] += taken
     return {name: len(docs) / s for name, s in seconds.items()}
 
 
@@ -77,9 +75,10 @@ def main() -> None:
     corpus = scifact_docs()
     docs, queries = corpus[: args.docs], scifact_queries()[: args.queries]
     path = default_surrogate_model_path()
+    env = environment("cpu", ())
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"threads {torch.get_num_threads()}; {len(docs)} SciFact docs, {len(queries)} SciFact queries "
+        f"machine: {env['device']}, {env['cpu_count']} cores, torch {env['torch']}, threads {env['torch_threads']}, "
+        f"load {env['load_average']}; {len(docs)} SciFact docs, {len(queries)} SciFact queries "
         f"(mean {sum(map(len, queries)) / len(queries):.0f} characters), batch {args.batch_size}, "
         f"max_seq_length {args.max_seq_length}"
     )

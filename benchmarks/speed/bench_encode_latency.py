@@ -14,12 +14,16 @@ import argparse
 import gzip
 import json
 import os
-import time
+import statistics
+import sys
 from pathlib import Path
 
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+
+from harness import load_average, timed_calls, warm_up  # noqa: E402
 
 from cde_st import ContextualSentenceTransformer  # noqa: E402
 from cde_st.defaults import default_surrogate_model_path  # noqa: E402
@@ -50,15 +54,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, J = 64, cached+gate+top3 MiniLM")
     for batch in args.batch:
         texts = [query] * batch
-        for _ in range(3):
-            model.encode_query(texts)
-        times = []
-        for _ in range(args.calls):
-            start = time.perf_counter()
-            model.encode_query(texts)
-            times.append(time.perf_counter() - start)
-        times.sort()
-        print(f"{batch} queries per call: median {1000 * times[len(times) // 2]:.1f} ms")
+        warm_up(lambda texts=texts: model.encode_query(texts), 3)
+        times, _ = timed_calls(lambda texts=texts: model.encode_query(texts), args.calls)
+        print(f"{batch} queries per call: median {1000 * statistics.median(times):.1f} ms (load {load_average()})")
 
 
 if __name__ == "__main__":

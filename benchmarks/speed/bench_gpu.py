@@ -1,4 +1,4 @@
-"""Training-step cost of the contextual model vs the bi-encoder, and faiss k-means on GPU vs CPU (issue 13).
+"""Training-step cost of the contextual model vs the bi-encoder, and faiss k-means on GPU vs CPU.
 
     python benchmarks/speed/bench_gpu.py --output benchmarks/speed/RESULTS_gpu.md           # the issue's sizes, on CUDA if any
     python benchmarks/speed/bench_gpu.py --device cpu --threads 1 --hidden-size 128 --layers 2 --heads 2 \\
@@ -35,244 +35,50 @@ an interrupted run keeps what it measured).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import importlib.util
 import json
 import os
-import platform
-import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from peak_rss import PeakRSS  # benchmarks/speed/ is the script's folder, first on sys.path
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this folder's modules and the shared benchmarks/harness.py
 
-RESULT = "RESULT "  # prefix of the worker's result lines on stdout
+from harness import command_line, emit_result, environment, load_average, parse_result  # noqa: E402
+
 MODELS = ("contextual", "biencoder")
 ATTENTION = ("sdpa", "flash_attention_2")
 
 
-# ---------------------------------------------------------------- the encoder
-def _tokenizer(folder: str):
-    """all-MiniLM-L6-v2's tokenizer, or (not installed, offline) a BERT WordPiece vocabulary of the same size."""
-    from transformers import AutoTokenizer, BertTokenizer
-
-    from cde_st.defaults import default_surrogate_model_path
-
-    try:
-        return AutoTokenizer.from_pretrained(default_surrogate_model_path())
-    except OSError:
-        print("all-MiniLM-L6-v2 is not available: using a generated 30,522-token vocabulary", flush=True)
-        special = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-        words = ["search", "_", "query", "document", ":"]
-        tokens = special + words + [f"tok{i}" for i in range(30522 - len(special) - len(words))]
-        return BertTokenizer(vocab={token: i for i, token in enumerate(tokens)})
-
-
 def build_encoder(folder: str, hidden_size: int, layers: int, heads: int, intermediate_size: int) -> str:
-    """Save a random-weight BERT of the given size with a BERT tokenizer to ``folder``."""
-    import torch
-    from transformers import BertConfig, BertModel
+    """Save a random-weight BERT of the given size with all-MiniLM-L6-v2's tokenizer (or a generated one of the
+    same size where that model is not installed) to ``folder``."""
+    from random_models import build_bert_folder, load_tokenizer
 
-    torch.manual_seed(0)
-    tokenizer = _tokenizer(folder)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=512,
-    )
-    BertModel(config, add_pooling_layer=False).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-# ---------------------------------------------------------------- worker: measurements
-def _columns(tokenizer, prompts: list[str], batch: int, length: int, device, seed: int) -> list[dict]:
-    """(B, L) features per column: [CLS] prompt random-ids [SEP], no padding (the collator's format)."""
-    import torch
-
-    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
-    sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
-    low = max(tokenizer.all_special_ids) + 1  # ordinary tokens only
-    generator = torch.Generator().manual_seed(seed)
-    columns = []
-    for prompt in prompts:
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        body = length - 2 - len(prompt_ids)
-        if body < 1:
-            raise ValueError(f"--length {length} leaves no room for text after the prompt {prompt!r}.")
-        ids = torch.randint(low, len(tokenizer), (batch, length), generator=generator)
-        ids[:, 0], ids[:, -1] = cls_id, sep_id
-        ids[:, 1 : 1 + len(prompt_ids)] = torch.tensor(prompt_ids)
-        columns.append(
-            {
-                "input_ids": ids.to(device),
-                "attention_mask": torch.ones_like(ids).to(device),
-                "token_type_ids": torch.zeros_like(ids).to(device),
-            }
-        )
-    return columns
-
-
-def _build_model(cfg: dict, spec: dict):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    from cde_st import ContextualSentenceTransformer
-
-    if spec["model"] == "contextual":
-        return ContextualSentenceTransformer.from_encoder(
-            cfg["encoder"],
-            context_size=cfg["context_size"],
-            max_seq_length=cfg["length"],
-            attn_implementation=spec["attn"],
-        )
-    transformer = Transformer(
-        cfg["encoder"], max_seq_length=cfg["length"], model_kwargs={"attn_implementation": spec["attn"]}
-    )
-    return SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
-
-
-def measure_step(cfg: dict, spec: dict) -> dict:
-    """Step time and peak memory of one configuration (see the module docstring); running out of memory is a
-    result too."""
-    import torch
-
-    try:
-        return {**spec, "status": "ok", **_timed_steps(cfg, spec)}
-    except torch.OutOfMemoryError as exc:
-        return {**spec, "status": "out of memory", "detail": str(exc).split("\n")[0][:200]}
-    finally:  # the model, its gradients and optimizer state went with _timed_steps' frame
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
-def _timed_steps(cfg: dict, spec: dict) -> dict:
-    import torch
-
-    from cde_st.losses import FilteredInfoNCELoss
-
-    device = torch.device(cfg["device"])
-    cuda = device.type == "cuda"
-    torch.manual_seed(0)
-    model = _build_model(cfg, spec).to(device)
-    model.train()
-    mini = cfg["mini_batch_size"] if spec["cached"] else None
-    loss = FilteredInfoNCELoss(model, guide=False, mini_batch_size=mini)
-    prompts = [model.prompts.get("query", "search_query: "), model.prompts.get("document", "search_document: ")]
-    columns = _columns(model.tokenizer, prompts, cfg["batch_size"], cfg["length"], device, seed=0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=spec["bf16"])
-
-    def step() -> float:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast:  # the backward pass replays both stages (gradient caching): keep it under autocast too
-            value = loss([dict(c) for c in columns], None)
-            value.backward()
-        optimizer.step()
-        return value.item()  # waits for the device
-
-    for _ in range(cfg["warmup"]):
-        step()
-    gc.collect()
-    times, values = [], []
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-    meter = contextlib.nullcontext() if cuda else PeakRSS()
-    baseline = 0 if cuda else meter.peak
-    with meter:
-        for _ in range(cfg["steps"]):
-            start = time.perf_counter()
-            values.append(step())
-            times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated(device) if cuda else meter.peak - baseline
-    return {"step_s": statistics.median(times), "peak_mib": peak / 2**20, "loss": values[-1]}
-
-
-def measure_kmeans(cfg: dict, spec: dict) -> dict:
-    """Wall time of cluster_pairs on synthetic unit vectors, faiss on CPU or GPU."""
-    import faiss
-    import numpy as np
-
-    from cde_st.batching.clustering import cluster_pairs
-
-    rng = np.random.default_rng(0)
-    n, dim = cfg["kmeans_pairs"], cfg["kmeans_dim"]
-    q = rng.standard_normal((n, dim), dtype=np.float32)
-    d = rng.standard_normal((n, dim), dtype=np.float32)
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    d /= np.linalg.norm(d, axis=1, keepdims=True)
-    start = time.perf_counter()
-    clustering = cluster_pairs(q, d, cluster_size=cfg["kmeans_cluster_size"], seed=0, use_gpu=spec["use_gpu"])
-    seconds = time.perf_counter() - start
-    return {
-        **spec,
-        "status": "ok",
-        "seconds": seconds,
-        "k": clustering.num_clusters,
-        "threads": faiss.omp_get_max_threads(),
-    }
-
-
-def environment(cfg: dict) -> dict:
-    import faiss
-    import sentence_transformers
-    import torch
-    import transformers
-
-    device = torch.device(cfg["device"])
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
-        threads = torch.get_num_threads()
-        name = f"{name} ({os.cpu_count()} cores, {threads} torch thread{'s' if threads != 1 else ''})"
-    flash = importlib.util.find_spec("flash_attn")
-    return {
-        "device_name": name,
-        "torch": torch.__version__ + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else ""),
-        "faiss": f"{faiss.__version__} ({'GPU' if hasattr(faiss, 'StandardGpuResources') else 'CPU-only'} build)",
-        "transformers": transformers.__version__,
-        "sentence_transformers": sentence_transformers.__version__,
-        "flash_attn": _version("flash_attn") if flash is not None else "not installed",
-        "matmul_precision": torch.get_float32_matmul_precision(),
-    }
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package.replace("_", "-"))
-    except PackageNotFoundError:
-        return "installed"
+    tokenizer, source = load_tokenizer(None)
+    print(f"tokenizer: {source}", flush=True)
+    shape = dict(hidden_size=hidden_size, layers=layers, heads=heads, intermediate_size=intermediate_size)
+    return build_bert_folder(Path(folder), tokenizer, shape)
 
 
 def run_worker(cfg: dict, specs: list[dict]) -> None:
     import torch
+    from train_step import measure_kmeans, measure_step
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.set_verbosity_error()  # the plain encoder's load report (no pooler) on every build
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
-    print(RESULT + json.dumps({"environment": environment(cfg)}), flush=True)
+    env = environment(cfg["device"], ("transformers", "sentence-transformers", "flash-attn"))
+    if importlib.util.find_spec("faiss") is not None:
+        import faiss
+
+        env["faiss"] = f"{faiss.__version__} ({'GPU' if hasattr(faiss, 'StandardGpuResources') else 'CPU-only'} build)"
+    emit_result({"environment": env})
     for spec in specs:
-        result = measure_kmeans(cfg, spec) if spec["kind"] == "kmeans" else measure_step(cfg, spec)
-        print(RESULT + json.dumps(result), flush=True)
+        emit_result(measure_kmeans(cfg, spec) if spec["kind"] == "kmeans" else measure_step(cfg, spec))
 
 
 # ---------------------------------------------------------------- driver
@@ -346,7 +152,7 @@ def _kmeans_row(r: dict, args: argparse.Namespace) -> str:
 
 
 def _section(args: argparse.Namespace, env: dict, rows: list[dict], skipped: list[str], device: str) -> str:
-    command = "python benchmarks/speed/bench_gpu.py " + shlex.join(sys.argv[1:])
+    command = command_line()
     encoder = args.encoder or (
         f"random-weight BERT (hidden {args.hidden_size}, {args.layers} layers, {args.heads} heads, "
         f"intermediate {args.intermediate_size or 4 * args.hidden_size})"
@@ -359,16 +165,14 @@ def _section(args: argparse.Namespace, env: dict, rows: list[dict], skipped: lis
     steps = [r for r in rows if r["kind"] == "step"]
     kmeans = [r for r in rows if r["kind"] == "kmeans"]
     lines = [
-        f"## {args.title or 'Step time, peak memory and k-means on ' + env['device_name']}",
+        f"## {args.title or 'Step time, peak memory and k-means on ' + env['device']}",
         "",
         f"Command: `{command.strip()}`",
         "",
-        f"Device: {env['device_name']}; torch {env['torch']}; faiss {env['faiss']}; transformers "
-        f"{env['transformers']}; sentence-transformers {env['sentence_transformers']}; flash-attn {env['flash_attn']}; "
-        f"float32 matmul precision {env['matmul_precision']!r}.",
+        "Environment: "
+        + "; ".join(f"{k} {v}" for k, v in env.items())
+        + f"; load average at the end {load_average()}.",
     ]
-    if device == "cpu":
-        lines[-1] += f" Load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}."
     if steps or any(s.startswith("flash") for s in skipped):
         lines += [
             "",
@@ -398,7 +202,7 @@ def _section(args: argparse.Namespace, env: dict, rows: list[dict], skipped: lis
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when available")
     parser.add_argument("--encoder", help="an encoder folder instead of the random BERT built from the size flags")
@@ -425,7 +229,45 @@ def main() -> None:
     parser.add_argument("--title", help="heading of the results section")
     parser.add_argument("--output", type=Path, help="append the results section to this Markdown file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def run_jobs(args: argparse.Namespace, cfg: dict, specs: list[dict], skipped: list[str], write) -> tuple[list, dict]:
+    """Run ``specs`` in worker processes (one, or one each with ``--isolate``); ``write(rows, env)`` after every row.
+    A worker that fails leaves its remaining configurations in ``skipped``, with its exit status."""
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
+    if cfg["device"] == "cpu":
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"  # freed tensors go back to the OS, so RSS follows live memory
+    rows, environment_info = [], None
+    for job in [[spec] for spec in specs] if args.isolate else [specs]:
+        process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", json.dumps({"cfg": cfg, "specs": job})],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        done = 0
+        for line in process.stdout:
+            result = parse_result(line)
+            if result is None:
+                continue
+            if "environment" in result:
+                environment_info = result["environment"]
+                continue
+            rows.append(result)
+            done += 1
+            row = _step_row(result, args) if result["kind"] == "step" else _kmeans_row(result, args)
+            print(f"{_label(result)}: {row}", flush=True)
+            write(rows, environment_info)
+        if process.wait() != 0:
+            for spec in job[done:]:
+                skipped.append(f"{_label(spec)}: the worker process failed (exit status {process.returncode})")
+            print(f"worker failed (exit status {process.returncode}); see the error above", flush=True)
+    return rows, environment_info
+
+
+def main() -> None:
+    args = parse_args()
     if args.worker:
         job = json.loads(args.worker)
         run_worker(job["cfg"], job["specs"])
@@ -439,11 +281,13 @@ def main() -> None:
     specs, skipped = _skip_reasons(args, device)
     for line in skipped:
         print(line, flush=True)
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
-    if device == "cpu":
-        env["MALLOC_MMAP_THRESHOLD_"] = "131072"  # freed tensors go back to the OS, so RSS follows live memory
     original = args.output.read_text(encoding="utf-8") if args.output and args.output.exists() else ""
-    rows, environment_info = [], None
+
+    def write(rows: list[dict], env: dict) -> None:  # rewritten after every row: a stopped run keeps its rows
+        if args.output:
+            text = _section(args, env, rows, skipped, device)
+            args.output.write_text(original + ("\n" if original else "") + text, encoding="utf-8")
+
     with tempfile.TemporaryDirectory() as tmp:
         encoder = args.encoder
         if encoder is None and any(s["kind"] == "step" for s in specs):
@@ -463,43 +307,14 @@ def main() -> None:
             kmeans_cluster_size=args.kmeans_cluster_size,
             threads=args.threads,
         )
-        jobs = [[spec] for spec in specs] if args.isolate else [specs]
-        for job in jobs:
-            process = subprocess.Popen(
-                [sys.executable, __file__, "--worker", json.dumps({"cfg": cfg, "specs": job})],
-                env=env,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            done = 0
-            for line in process.stdout:
-                if not line.startswith(RESULT):
-                    continue
-                result = json.loads(line[len(RESULT) :])
-                if "environment" in result:
-                    environment_info = result["environment"]
-                    continue
-                rows.append(result)
-                done += 1
-                row = _step_row(result, args) if result["kind"] == "step" else _kmeans_row(result, args)
-                print(f"{_label(result)}: {row}", flush=True)
-                if args.output:
-                    args.output.write_text(
-                        original + ("\n" if original else "") + _section(args, environment_info, rows, skipped, device),
-                        encoding="utf-8",
-                    )
-            if process.wait() != 0:
-                for spec in job[done:]:
-                    skipped.append(f"{_label(spec)}: the worker process failed (exit status {process.returncode})")
-                print(f"worker failed (exit status {process.returncode}); see the error above", flush=True)
+        rows, environment_info = run_jobs(args, cfg, specs, skipped, write)
     if environment_info is None:
         sys.exit("no worker produced results")
-    text = _section(args, environment_info, rows, skipped, device)
+    write(rows, environment_info)
     if args.output:
-        args.output.write_text(original + ("\n" if original else "") + text, encoding="utf-8")
         print(f"wrote {args.output}")
     else:
-        print(text)
+        print(_section(args, environment_info, rows, skipped, device))
 
 
 if __name__ == "__main__":

@@ -14,20 +14,20 @@ tensors instead of the allocator's high-water mark. Data: real pairs from ../sha
 from __future__ import annotations
 
 import argparse
-import gc
 import gzip
 import json
 import os
-import platform
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from peak_rss import PeakRSS  # benchmarks/speed/ is the script's folder, first on sys.path
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this folder's modules and the shared benchmarks/harness.py
+
+from harness import command_line, environment  # noqa: E402
+from train_step import optimizer_step, time_steps  # noqa: E402
 
 # ---------------------------------------------------------------- configuration
 SMALL_BERT = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
@@ -75,31 +75,8 @@ def run_worker(spec: dict) -> dict:
     queries, docs = _load_pairs(spec["batch_size"])
     columns = [model.preprocess(queries, prompt="search_query: "), model.preprocess(docs, prompt="search_document: ")]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-    def step() -> float:
-        optimizer.zero_grad(set_to_none=True)
-        value = loss([dict(c) for c in columns], None)
-        value.backward()
-        optimizer.step()
-        return value.item()
-
-    for _ in range(WARMUP_STEPS):
-        step()
-    gc.collect()
-    times, values = [], []
-    with PeakRSS() as peak:
-        baseline = peak.peak  # the RSS before the timed steps
-        for _ in range(TIMED_STEPS):
-            start = time.perf_counter()
-            values.append(step())
-            times.append(time.perf_counter() - start)
-    return {
-        **{k: v for k, v in spec.items() if k != "encoder"},
-        "step_s": statistics.median(times),
-        "peak_mib": (peak.peak - baseline) / 2**20,
-        "baseline_mib": baseline / 2**20,
-        "loss": values[-1],
-    }
+    measured = time_steps(optimizer_step(loss, optimizer, columns), WARMUP_STEPS, TIMED_STEPS, "cpu")
+    return {**{k: v for k, v in spec.items() if k != "encoder"}, **measured}
 
 
 # ---------------------------------------------------------------- driver
@@ -118,18 +95,10 @@ def _small_bert(folder: str) -> str:
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    import torch
-
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    env = environment("cpu", ())
     return (
-        f"{cpu}; {os.cpu_count()} cores; torch {torch.__version__} (CPU), {THREADS} intra-op thread; "
-        f"load average at the end {load} (machine shared with other jobs)"
+        f"{env['device']}; {env['cpu_count']} cores; torch {env['torch']} (CPU), {THREADS} intra-op thread; "
+        f"load average at the end {env['load_average']} (machine shared with other jobs)"
     )
 
 
@@ -190,7 +159,7 @@ def _format_row(r: dict) -> str:
 
 
 def _write(args: argparse.Namespace, rows: list[dict]) -> None:
-    command = "python benchmarks/speed/bench_loss.py " + " ".join(sys.argv[1:])
+    command = command_line()
     backbone = (
         f"random BERT {SMALL_BERT} with MiniLM's tokenizer"
         if args.backbone == "small"
