@@ -27,19 +27,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
 MAX_RESULTS_LINES = 250
-#: Benchmark files over the size limit that another branch splits; remove from here once it is merged.
-KNOWN_LARGE_BENCHMARKS = (
-    "benchmarks/speed/gpu_first_light.py",
-    "benchmarks/quality/scale_run.py",
-    "benchmarks/speed/bench_sampler.py",
-    "benchmarks/speed/bench_gpu.py",
-)
 CODE_DIRS = ("cde_st", "benchmarks", "train", "eval", "examples")
 
 
@@ -201,28 +192,11 @@ def test_no_library_file_over_the_limit():
 
 
 def checked_benchmarks() -> list[Path]:
-    return [p for p in python_files("benchmarks") if relative(p) not in KNOWN_LARGE_BENCHMARKS]
+    return python_files("benchmarks")
 
 
 def test_no_benchmark_file_over_the_limit():
     violations = oversized_files(checked_benchmarks())
-    assert not violations, report(violations)
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(strict=False, reason="split on the benchmark drivers' branch"))
-        for name in KNOWN_LARGE_BENCHMARKS
-    ],
-)
-def test_known_large_benchmark_files(name):
-    """The file size and function size rules on the benchmark files known to break them (expected to fail until
-    the branch that splits them is merged; then drop the mark and KNOWN_LARGE_BENCHMARKS)."""
-    path = ROOT / name
-    if not path.is_file():
-        return  # moved or removed: nothing left to check under that name
-    violations = oversized_files([path]) + long_functions(path)
     assert not violations, report(violations)
 
 

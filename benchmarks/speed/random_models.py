@@ -13,6 +13,8 @@ import contextlib
 import copy
 from pathlib import Path
 
+from cde_st.released import BACKBONE_CONFIGS
+
 __all__ = [
     "MINI_RECIPE",
     "MODERNBERT_BASE",
@@ -30,29 +32,8 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parents[2]
 
-MODERNBERT_BASE = {  # answerdotai/ModernBERT-base's public config (model fields), the cde-small-v2 backbone
-    "model_type": "modernbert",
-    "vocab_size": 50368,
-    "hidden_size": 768,
-    "intermediate_size": 1152,
-    "num_hidden_layers": 22,
-    "num_attention_heads": 12,
-    "hidden_activation": "gelu",
-    "max_position_embeddings": 8192,
-    "norm_eps": 1e-05,
-    "norm_bias": False,
-    "pad_token_id": 50283,
-    "eos_token_id": 50282,
-    "bos_token_id": 50281,
-    "cls_token_id": 50281,
-    "sep_token_id": 50282,
-    "global_rope_theta": 160000.0,
-    "local_rope_theta": 10000.0,
-    "local_attention": 128,
-    "global_attn_every_n_layers": 3,
-    "attention_bias": False,
-    "mlp_bias": False,
-}
+# answerdotai/ModernBERT-base's public config (model fields), the cde-small-v2 backbone: the library's one copy.
+MODERNBERT_BASE = BACKBONE_CONFIGS["answerdotai/ModernBERT-base"]
 V2_CDE = {  # jxm/cde-small-v2's config.json fields that module_config reads
     "transductive_corpus_size": 512,
     "max_seq_length": 512,
