@@ -189,7 +189,8 @@ def train_run(argv: list[str] | None = None) -> int:
         print(f"cde-st-train: {err}", file=sys.stderr)
         return 0
     except training.TrainingInterrupted as stop:  # the run saved what it could and released its folder
-        print(f"cde-st-train: {stop.describe(training.resume_command(argv))}", file=sys.stderr)
+        command = training.resume_command(argv, checkpoint=stop.resume_from)
+        print(f"cde-st-train: {stop.describe(command)}", file=sys.stderr)
         return stop.exit_status
     except KeyboardInterrupt:  # before the run began
         return 130

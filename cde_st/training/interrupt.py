@@ -28,6 +28,8 @@ from types import FrameType
 import torch
 from transformers import TrainerCallback
 
+from cde_st.training.output_dir import CheckpointError, check_checkpoint, checkpoints
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["StopOnSignal", "TrainingInterrupted", "program_name", "resume_command"]
@@ -38,8 +40,9 @@ _SIGNALS = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
 
 class TrainingInterrupted(KeyboardInterrupt):
     """A run stopped by SIGINT or SIGTERM. ``step``: the step whose checkpoint was saved on the way out (None: the
-    run stopped at once and saved nothing); ``checkpoint``: the newest checkpoint in the output folder (None: there
-    is none); ``exit_status``: 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell's convention.
+    run stopped at once and saved nothing); ``checkpoint``: the newest checkpoint in the output folder that can be
+    resumed from (None: there is none); ``resume_from``: that checkpoint where a plain resume would take a newer,
+    incomplete one (a second signal cut its saving short), else None; ``exit_status``: 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell's convention.
 
     A :class:`KeyboardInterrupt`, as an uncaught Ctrl-C is: ``except Exception`` in code it passes through does
     not swallow it."""
@@ -47,6 +50,7 @@ class TrainingInterrupted(KeyboardInterrupt):
     def __init__(self, signum: int, step: int | None = None, checkpoint: str | None = None) -> None:
         super().__init__(signum)
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.resume_from: str | None = None
 
     def __str__(self) -> str:
         return self.describe("train(cfg, resume=True), or the same cde-st-train command with --resume")
@@ -55,6 +59,18 @@ class TrainingInterrupted(KeyboardInterrupt):
     def exit_status(self) -> int:
         """The exit status of a command stopped by this signal: 128 + its number."""
         return 128 + int(self.signum)
+
+    def locate_checkpoint(self, output_dir: str) -> None:
+        """Set ``checkpoint`` (and ``resume_from``) from the checkpoints in ``output_dir``."""
+        found = checkpoints(output_dir) if os.path.isdir(output_dir) else []
+        for name in reversed(found):
+            try:
+                check_checkpoint(os.path.join(output_dir, name))
+            except (CheckpointError, OSError):
+                continue
+            self.checkpoint = os.path.join(output_dir, name)
+            self.resume_from = None if name == found[-1] else self.checkpoint
+            return
 
     def describe(self, resume: str) -> str:
         """What happened and what to run next; ``resume``: the command (or call) that resumes the run."""
@@ -129,10 +145,10 @@ class StopOnSignal(TrainerCallback):
         return wanted
 
 
-def resume_command(argv: list[str] | None = None, program: str | None = None) -> str:
+def resume_command(argv: list[str] | None = None, program: str | None = None, checkpoint: str | None = None) -> str:
     """The command line that resumes the run ``program argv`` started (default: this process's command line and
     :func:`program_name`): the same options without ``--overwrite-output-dir`` (resuming keeps what the run
-    wrote) and with ``--resume`` (the newest checkpoint) in place of any ``--resume [CHECKPOINT]``."""
+    wrote) and with ``--resume`` (the newest checkpoint, or ``checkpoint``) in place of any ``--resume [...]``."""
     if argv is None:
         argv, program = sys.argv[1:], program or program_name()
     kept, skip_value = [], False
@@ -147,7 +163,8 @@ def resume_command(argv: list[str] | None = None, program: str | None = None) ->
             skip_value = True
             continue
         kept.append(word)
-    return shlex.join([*shlex.split(program or "cde-st-train"), *kept, "--resume"])
+    resume = ["--resume"] if checkpoint is None else ["--resume", checkpoint]
+    return shlex.join([*shlex.split(program or "cde-st-train"), *kept, *resume])
 
 
 def program_name() -> str:

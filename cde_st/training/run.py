@@ -303,8 +303,7 @@ def train(
             resuming = (resume, overwrite_output_dir, allow_config_change, allow_changed_data)
             return _train(cfg, resuming, evaluator, is_main, stop)
     except TrainingInterrupted as interrupted:  # the lock is released by now
-        found = checkpoints(cfg.output_dir) if os.path.isdir(cfg.output_dir) else []
-        interrupted.checkpoint = os.path.join(cfg.output_dir, found[-1]) if found else None
+        interrupted.locate_checkpoint(cfg.output_dir)
         raise
 
 

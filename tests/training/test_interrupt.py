@@ -147,3 +147,29 @@ def test_the_interruption_says_what_was_saved_and_its_exit_status():
     earlier = TrainingInterrupted(signal.SIGINT, checkpoint="runs/a/checkpoint-2")
     assert earlier.exit_status == 130 and "newest checkpoint (runs/a/checkpoint-2)" in earlier.describe("CMD")
     assert "before any checkpoint was saved" in TrainingInterrupted(signal.SIGINT).describe("CMD")
+
+
+def test_a_checkpoint_cut_short_by_a_second_signal_is_passed_over_and_the_complete_one_named(tmp_path):
+    import torch
+
+    complete = tmp_path / "checkpoint-3"
+    complete.mkdir()
+    (complete / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
+    for name in ("optimizer.pt", "scheduler.pt"):
+        torch.save({}, complete / name)
+    (tmp_path / "checkpoint-6").mkdir()
+    (tmp_path / "checkpoint-6" / "trainer_state.json").write_text("{")  # the save stopped half way
+    stop = TrainingInterrupted(signal.SIGINT)
+    stop.locate_checkpoint(str(tmp_path))
+    assert stop.checkpoint == stop.resume_from == str(complete)
+    command = resume_command(["--preset", "tiny"], checkpoint=stop.resume_from)
+    assert command == f"cde-st-train --preset tiny --resume {complete}"
+    assert f"newest checkpoint ({complete})" in stop.describe(command)
+    newest = TrainingInterrupted(signal.SIGTERM, step=3)
+    newest.locate_checkpoint(str(tmp_path / "only"))
+    assert newest.checkpoint is None
+    (tmp_path / "checkpoint-6" / "trainer_state.json").write_text(json.dumps({"global_step": 6}))
+    for name in ("optimizer.pt", "scheduler.pt"):
+        torch.save({}, tmp_path / "checkpoint-6" / name)
+    newest.locate_checkpoint(str(tmp_path))
+    assert newest.checkpoint == str(tmp_path / "checkpoint-6") and newest.resume_from is None
