@@ -192,7 +192,8 @@ def train_run(argv: list[str] | None = None) -> int:
         command = training.resume_command(argv, checkpoint=stop.resume_from)
         print(f"cde-st-train: {stop.describe(command)}", file=sys.stderr)
         return stop.exit_status
-    except KeyboardInterrupt:  # before the run began
+    except KeyboardInterrupt:  # before the run began: nothing to save or resume
+        print("cde-st-train: interrupted before training began; nothing was written.", file=sys.stderr)
         return 130
     except training.NoTrainingDataError:
         if _debug_wanted(argv):

@@ -42,7 +42,8 @@ class TrainingInterrupted(KeyboardInterrupt):
     """A run stopped by SIGINT or SIGTERM. ``step``: the step whose checkpoint was saved on the way out (None: the
     run stopped at once and saved nothing); ``checkpoint``: the newest checkpoint in the output folder that can be
     resumed from (None: there is none); ``resume_from``: that checkpoint where a plain resume would take a newer,
-    incomplete one (a second signal cut its saving short), else None; ``exit_status``: 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell's convention.
+    incomplete one (a second signal cut its saving short), else None; ``exit_status``: 128 + the signal number
+    (130 for SIGINT, 143 for SIGTERM), the shell's convention.
 
     A :class:`KeyboardInterrupt`, as an uncaught Ctrl-C is: ``except Exception`` in code it passes through does
     not swallow it."""

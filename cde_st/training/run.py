@@ -281,10 +281,11 @@ def train(
     ``resume``: continue from the last checkpoint in ``output_dir`` (or from the given checkpoint folder);
     ``overwrite_output_dir``: replace an earlier run in ``output_dir``; ``allow_config_change``: resume although
     the config differs from the checkpoints' (see :func:`prepare_output_dir`); ``allow_changed_data``: resume
-    although the training files changed since the run recorded them (see :mod:`~cde_st.training.data_record`). ``evaluator``: a
-    sentence-transformers evaluator to use instead of ``eval_folder``'s; for a contextual model it goes through
-    :func:`cde_st.evaluation.evaluators.with_corpus_context` (a stock ``InformationRetrievalEvaluator`` gets its own corpus as
-    context, other evaluators must come wrapped in :class:`~cde_st.evaluation.evaluators.ContextualEvaluator`).
+    although the training files changed since the run recorded them (:mod:`~cde_st.training.data_record`).
+    ``evaluator``: a sentence-transformers evaluator to use instead of ``eval_folder``'s; for a contextual model it
+    goes through :func:`cde_st.evaluation.evaluators.with_corpus_context` (a stock ``InformationRetrievalEvaluator``
+    gets its own corpus as context, other evaluators must come wrapped in
+    :class:`~cde_st.evaluation.evaluators.ContextualEvaluator`).
 
     The output folder belongs to this run while it trains (:func:`~cde_st.training.output_dir.run_lock`): a second
     run into it is refused, naming this one. SIGINT (Ctrl-C) or SIGTERM stops the run at the end of its step, with a

@@ -173,3 +173,19 @@ def test_a_checkpoint_cut_short_by_a_second_signal_is_passed_over_and_the_comple
         torch.save({}, tmp_path / "checkpoint-6" / name)
     newest.locate_checkpoint(str(tmp_path))
     assert newest.checkpoint == str(tmp_path / "checkpoint-6") and newest.resume_from is None
+
+
+def test_ctrl_c_before_the_run_began_is_one_line_and_status_130(monkeypatch, capsys):
+    from cde_st import training
+    from cde_st.cli import train_run
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train", interrupted)
+    assert train_run(["--preset", "tiny"]) == 130
+    err = capsys.readouterr().err
+    assert (
+        "Traceback" not in err
+        and err.strip() == "cde-st-train: interrupted before training began; nothing was written."
+    )
