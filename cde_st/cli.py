@@ -9,15 +9,12 @@ import re
 import sys
 import typing
 from pathlib import Path
-from typing import Any
 
 import torch
-import yaml
 from huggingface_hub import try_to_load_from_cache
 from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
 from cde_st import training
-from cde_st.coercion import load_yaml_value
 from cde_st.model import ContextualSentenceTransformer
 from cde_st.released import (
     ALIASES,
@@ -26,34 +23,15 @@ from cde_st.released import (
     offline_hub_problem,
     resolve_name,
 )
-from cde_st.training import PRESET_TIMES, PRESETS, TRAIN_DATA_HELP, TrainConfig, TrainConfigError, config_yaml
-
-
-def _parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``--set KEY=VALUE`` items as TrainConfig fields: values read as YAML, then checked and coerced against the
-    field types (a :class:`~cde_st.training.TrainConfigError` names the item, the field and the expected type)."""
-    overrides = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise TrainConfigError(f"--set expects KEY=VALUE, got {item!r}.")
-        try:
-            parsed = load_yaml_value(value)  # the config files' rule: only true/false are booleans
-        except yaml.YAMLError as err:
-            raise TrainConfigError(f"--set {item}: cannot read the value: {err}") from None
-        if not value.strip():
-            parsed = ""  # `--set document_prompt=` is the empty prompt, not null (the default); write null for None
-        elif parsed is not None and not isinstance(parsed, str) and _takes_text(key.strip()):
-            parsed = value  # `--set query_prompt=search_query: ` is text, not the YAML mapping {search_query: None}
-        overrides.update(TrainConfig.check_values({key.strip(): parsed}, f"--set {item}"))
-    return overrides
-
-
-def _takes_text(field: str) -> bool:
-    """Whether TrainConfig ``field`` holds one string (``str`` or ``str | None``)."""
-    hint = typing.get_type_hints(TrainConfig).get(field)
-    return hint is str or (typing.get_origin(hint) is not None and set(typing.get_args(hint)) == {str, type(None)})
-
+from cde_st.training import (
+    PRESET_TIMES,
+    PRESETS,
+    TRAIN_DATA_HELP,
+    TrainConfig,
+    TrainConfigError,
+    config_yaml,
+    parse_set_items,
+)
 
 # ---- one error style for every command: `error: ...` on one line, exit status 2; a traceback only with --debug
 DEBUG_HELP = "show the full traceback of an error (also: environment variable CDE_ST_DEBUG=1)"
@@ -179,7 +157,8 @@ def _device_problem(device: str | None) -> str | None:
 
 
 def train_main(argv: list[str] | None = None) -> None:
-    """Console entry point ``cde-st-train`` (same as ``python train/train_cde.py``); exits with status 2 on an error."""
+    """Console entry point ``cde-st-train`` (same as ``python train/train_cde.py``); exits with status 2 on an error,
+    130 after Ctrl-C (SIGINT) and 143 after SIGTERM (with a checkpoint and the command to resume)."""
     status = train_run(argv)
     if status:
         sys.exit(status)
@@ -187,7 +166,7 @@ def train_main(argv: list[str] | None = None) -> None:
 
 def train_run(argv: list[str] | None = None) -> int:
     """Train a contextual model (or a bi-encoder baseline) from a preset and/or a YAML/JSON config; returns the
-    exit status (0, or 2 after a one-line ``error: ...``)."""
+    exit status (0; 2 after a one-line ``error: ...``; 130 / 143 after SIGINT / SIGTERM)."""
     args = _train_parser().parse_args(argv)
     # cde_st's own progress at INFO; dependencies (faiss, datasets, httpx, ...) only from WARNING up.
     _quiet_dependencies()
@@ -204,10 +183,18 @@ def train_run(argv: list[str] | None = None) -> int:
             resume=args.resume,
             overwrite_output_dir=args.overwrite_output_dir,
             allow_config_change=args.allow_config_change,
+            allow_changed_data=args.allow_changed_data,
         )
     except training.RunFinishedError as err:
         print(f"cde-st-train: {err}", file=sys.stderr)
         return 0
+    except training.TrainingInterrupted as stop:  # the run saved what it could and released its folder
+        command = training.resume_command(argv, checkpoint=stop.resume_from)
+        print(f"cde-st-train: {stop.describe(command)}", file=sys.stderr)
+        return stop.exit_status
+    except KeyboardInterrupt:  # before the run began: nothing to save or resume
+        print("cde-st-train: interrupted before training began; nothing was written.", file=sys.stderr)
+        return 130
     except training.NoTrainingDataError:
         if _debug_wanted(argv):
             raise
@@ -233,7 +220,9 @@ def _train_parser() -> argparse.ArgumentParser:
         "batching=random --output-dir runs/b\n"
         "Presets are commented YAML files (cde_st/training/presets/); --print-config prints a resolved config "
         "to copy.\n"
-        "Errors are one line `error: ...` (exit status 2); --debug or CDE_ST_DEBUG=1 shows the traceback.",
+        "Errors are one line `error: ...` (exit status 2); --debug or CDE_ST_DEBUG=1 shows the traceback.\n"
+        "Ctrl-C or SIGTERM stops at the end of the step with a checkpoint and prints the command to resume "
+        "(exit status 130 / 143).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", help="YAML or JSON file with TrainConfig fields (may name a `preset:`)")
@@ -268,6 +257,12 @@ def _train_parser() -> argparse.ArgumentParser:
         help="with --resume: continue although the config differs from the one the checkpoints were trained with",
     )
     parser.add_argument(
+        "--allow-changed-data",
+        action="store_true",
+        help="with --resume: continue although the training files changed since the run recorded them "
+        "(train_data.json in the output folder: each file's size and sha256)",
+    )
+    parser.add_argument(
         "--print-config",
         action="store_true",
         help="print the resolved config (of --preset / --config / --set) as YAML to copy into a --config file, "
@@ -280,7 +275,7 @@ def _train_parser() -> argparse.ArgumentParser:
 def _train_config(args: argparse.Namespace) -> tuple[str | None, TrainConfig]:
     """The preset started from and the checked config of ``--preset`` / ``--config`` / ``--set`` / ``--output-dir``
     (two of them naming different presets or output folders are refused)."""
-    overrides = _parse_overrides(args.set)
+    overrides = parse_set_items(args.set)
     if args.output_dir:
         if "output_dir" in overrides and overrides["output_dir"] != args.output_dir:
             raise TrainConfigError(

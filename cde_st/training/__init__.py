@@ -8,6 +8,8 @@ uses them:
 - :mod:`~cde_st.training.pairs`: the training pairs (``train_data``: jsonl files/folders, BEIR, hub, built-in);
 - :mod:`~cde_st.training.tiny`: the tiny offline encoder of ``--preset tiny`` and the tests;
 - :mod:`~cde_st.training.output_dir`: output folder, resume and overwrite rules;
+- :mod:`~cde_st.training.data_record`: the training files a run recorded (sizes, hashes), checked on resume;
+- :mod:`~cde_st.training.interrupt`: SIGINT / SIGTERM stop a run at a step boundary, with a checkpoint to resume;
 - :mod:`~cde_st.training.run`: model, loss, optimizer, sampler and evaluator, and :func:`train`.
 
     cfg = TrainConfig.from_preset("mini", train_data=["path/to/pairs"], output_dir="runs/mini-cde")
@@ -22,7 +24,10 @@ from cde_st.training.config import (
     TrainConfigError,
     config_yaml,
     default_output_dir,
+    parse_set_items,
 )
+from cde_st.training.data_record import DATA_RECORD_FILE, ChangedDataError, data_record
+from cde_st.training.interrupt import StopOnSignal, TrainingInterrupted, program_name, resume_command
 from cde_st.training.output_dir import (
     LOCK_FILE,
     MANIFEST_FILE,
@@ -65,6 +70,8 @@ __all__ = [
     "MANIFEST_FILE",
     "RESUMABLE_FIELDS",
     "CheckpointError",
+    "ChangedDataError",
+    "DATA_RECORD_FILE",
     "TRAIN_DATA_HELP",
     "MainProcessSavingTrainer",
     "NoTrainingDataError",
@@ -72,9 +79,11 @@ __all__ = [
     "OutputDirInUseError",
     "ResumeConfigError",
     "RunFinishedError",
+    "StopOnSignal",
     "TrainConfig",
     "TrainConfigError",
     "TrainingDataError",
+    "TrainingInterrupted",
     "build_batch_sampler",
     "build_evaluator",
     "build_loss",
@@ -84,12 +93,16 @@ __all__ = [
     "build_tiny_tokenizer",
     "check_checkpoint",
     "config_yaml",
+    "data_record",
     "default_output_dir",
     "load_pairs",
     "model_path",
+    "parse_set_items",
     "prepare_output_dir",
+    "program_name",
     "record_outputs",
     "resolved_prompts",
+    "resume_command",
     "run_lock",
     "tiny_pairs",
     "tiny_vocab",

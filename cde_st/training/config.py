@@ -24,7 +24,7 @@ from typing import Any, Literal
 import yaml
 
 from cde_st.batching.surrogate import SurrogateKind
-from cde_st.coercion import ConfigValueError, coerce, load_config_text
+from cde_st.coercion import ConfigValueError, coerce, load_config_text, load_yaml_value
 from cde_st.context import SEED_RULE, is_seed
 from cde_st.modules.contextual_config import ContextualConfig
 
@@ -294,6 +294,33 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def parse_set_items(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items (the command line's overrides) as TrainConfig fields: values read as YAML, then
+    checked and coerced against the field types (a :class:`TrainConfigError` names the item, the field and the
+    expected type)."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise TrainConfigError(f"--set expects KEY=VALUE, got {item!r}.")
+        try:
+            parsed = load_yaml_value(value)  # the config files' rule: only true/false are booleans
+        except yaml.YAMLError as err:
+            raise TrainConfigError(f"--set {item}: cannot read the value: {err}") from None
+        if not value.strip():
+            parsed = ""  # `--set document_prompt=` is the empty prompt, not null (the default); write null for None
+        elif parsed is not None and not isinstance(parsed, str) and _takes_text(key.strip()):
+            parsed = value  # `--set query_prompt=search_query: ` is text, not the YAML mapping {search_query: None}
+        overrides.update(TrainConfig.check_values({key.strip(): parsed}, f"--set {item}"))
+    return overrides
+
+
+def _takes_text(name: str) -> bool:
+    """Whether TrainConfig field ``name`` holds one string (``str`` or ``str | None``)."""
+    hint = typing.get_type_hints(TrainConfig).get(name)
+    return hint is str or (typing.get_origin(hint) is not None and set(typing.get_args(hint)) == {str, type(None)})
 
 
 def default_output_dir(preset: str | None, model: str, seed: int) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 from safetensors import safe_open
 
 from cde_st.training.config import TrainConfig, TrainConfigError
+from cde_st.training.data_record import DATA_RECORD_FILE, check_data_unchanged, data_record, write_data_record
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ RESUMABLE_FIELDS = frozenset(
     }
 )
 # The names a run writes into its output folder. Overwriting removes those of them the folder's manifest lists.
-_RUN_OUTPUTS = ("checkpoint-*", "final", "train_summary.json", "train_config.json", "_tiny_base")
+_RUN_OUTPUTS = ("checkpoint-*", "final", "train_summary.json", "train_config.json", DATA_RECORD_FILE, "_tiny_base")
 #: Held by the run that is training into the folder (pid, host, start time, command); removed when it ends.
 LOCK_FILE = "cde_st_run.lock"
 #: What the runs in this folder wrote (``{"outputs": [names]}``): all that ``overwrite_output_dir`` may remove.
@@ -371,8 +372,9 @@ def prepare_output_dir(
     resume: bool | str = False,
     overwrite_output_dir: bool = False,
     allow_config_change: bool = False,
+    allow_changed_data: bool = False,
 ) -> None:
-    """Make ``cfg.output_dir`` ready for a run and write its ``train_config.json``.
+    """Make ``cfg.output_dir`` ready for a run; write its ``train_config.json`` and ``train_data.json`` (its files).
 
     An output folder that already holds a run (checkpoints, a final model or a summary) is refused unless the run
     is resumed or ``overwrite_output_dir`` removes that run's outputs first: only what the folder's
@@ -380,13 +382,15 @@ def prepare_output_dir(
     same names stops the overwrite before anything is removed. A resumed run must have the config its checkpoints
     were trained with, except :data:`RESUMABLE_FIELDS` (how long to train, what to log and keep) or with
     ``allow_config_change``; otherwise a :class:`ResumeConfigError` lists the changed fields. The checkpoint it
-    resumes from must be complete and readable (:func:`check_checkpoint`).
+    resumes from must be complete and readable (:func:`check_checkpoint`), and its training files those the run
+    recorded, unless ``allow_changed_data`` (:func:`~cde_st.training.data_record.check_data_unchanged`).
     """
     out = cfg.output_dir
     if resume and overwrite_output_dir:
         raise ValueError("Choose one of resume (--resume) and overwrite_output_dir (--overwrite-output-dir).")
     _refuse_a_file(out)
     config_path = os.path.join(out, "train_config.json")
+    data = data_record(cfg)  # hashed once: checked on resume, then recorded
     if resume:
         checkpoint_dir = resume if isinstance(resume, str) else None
         if checkpoint_dir is None and not checkpoints(out):
@@ -420,6 +424,7 @@ def prepare_output_dir(
                 )
         check_checkpoint(checkpoint, out if checkpoint_dir is None else os.path.dirname(os.path.abspath(checkpoint)))
         refuse_to_resume_a_finished_run(cfg, checkpoint)
+        check_data_unchanged(data, [out, os.path.dirname(os.path.abspath(checkpoint))], allow_changed_data)
         if _read_manifest(out) is None and _is_older_cde_st_run(out):
             # A run of an older cde_st listed nothing; what it wrote is the resumed run's too.
             record_outputs(out, *_run_output_names(out))
@@ -437,7 +442,8 @@ def prepare_output_dir(
     os.makedirs(out, exist_ok=True)
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(cfg.to_dict(), f, indent=2)
-    written = ["train_config.json"]
+    write_data_record(out, data)
+    written = ["train_config.json", DATA_RECORD_FILE]
     if "tiny" in (cfg.base_model, cfg.surrogate, cfg.guide):
         written.append("_tiny_base")
     record_outputs(out, *written)

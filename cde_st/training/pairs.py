@@ -54,7 +54,9 @@ def tiny_pairs() -> list[dict[str, str]]:
     return rows
 
 
-def _jsonl_files(source: str) -> list[str]:
+def jsonl_files(source: str) -> list[str]:
+    """The pair files a local ``train_data`` source stands for: the file itself, or a folder's ``*.jsonl`` and
+    ``*.jsonl.gz`` files (sorted)."""
     if os.path.isdir(source):
         files = sorted(glob.glob(os.path.join(source, "*.jsonl")) + glob.glob(os.path.join(source, "*.jsonl.gz")))
         if not files:
@@ -230,7 +232,7 @@ def load_pairs(cfg: TrainConfig) -> Dataset:
     """All training pairs of ``cfg.train_data`` as one ``Dataset(query, document, domain)`` (sources: see the module
     docstring). ``exclude_domains`` drops rows by domain or by source file name (e.g. ``scifact`` or
     ``scifact_train``); ``max_pairs`` keeps a seeded sample; per-domain prompts are applied to the texts."""
-    parts = []
+    parts, named = [], []  # each part and the file (or source) it came from
     for source in cfg.train_data:
         if source == "builtin:tiny":
             parts.append(Dataset.from_list(tiny_pairs()))
@@ -240,9 +242,19 @@ def load_pairs(cfg: TrainConfig) -> Dataset:
         elif source.startswith("hub:"):
             parts.append(_load_hub_pairs(source[len("hub:") :]))
         else:
-            parts.extend(_load_jsonl_pairs(path) for path in _jsonl_files(source))
+            files = jsonl_files(source)
+            parts.extend(_load_jsonl_pairs(path) for path in files)
+            named.extend(files)
+            continue
+        named.append(source)
     if not parts:
         raise NoTrainingDataError(f"No training data: set train_data to {TRAIN_DATA_HELP}.")
+    if not any(len(p) for p in parts):
+        raise DataError(
+            f"No training pairs: {', '.join(named)} hold{'s' if len(named) == 1 else ''} no pairs (an empty file, "
+            "or no judged query/document pair). Check that train_data names the files you meant, and that they "
+            "were written completely."
+        )
     parts = [p if "source" in p.column_names else p.add_column("source", column(p, "domain")) for p in parts]
     pairs = concatenate_datasets(parts)
     if cfg.exclude_domains:

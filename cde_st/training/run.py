@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import signal
 import time
 from functools import partial
 from pathlib import Path
@@ -38,6 +39,7 @@ from cde_st.losses import FilteredInfoNCELoss
 from cde_st.model import ContextualSentenceTransformer, contextual_module, is_contextual
 from cde_st.prompts import DOCUMENT_PROMPT, QUERY_PROMPT
 from cde_st.training.config import TrainConfig
+from cde_st.training.interrupt import StopOnSignal, TrainingInterrupted
 from cde_st.training.output_dir import (
     CheckpointError,
     checkpoints,
@@ -272,18 +274,22 @@ def train(
     overwrite_output_dir: bool = False,
     allow_config_change: bool = False,
     evaluator: SentenceEvaluator | None = None,
+    allow_changed_data: bool = False,
 ) -> SentenceTransformer:
     """Train as configured; save the final model (with its model card) to ``output_dir/final``; return it.
 
     ``resume``: continue from the last checkpoint in ``output_dir`` (or from the given checkpoint folder);
     ``overwrite_output_dir``: replace an earlier run in ``output_dir``; ``allow_config_change``: resume although
-    the config differs from the checkpoints' (see :func:`prepare_output_dir`). ``evaluator``: a
-    sentence-transformers evaluator to use instead of ``eval_folder``'s; for a contextual model it goes through
-    :func:`cde_st.evaluation.evaluators.with_corpus_context` (a stock ``InformationRetrievalEvaluator`` gets its own corpus as
-    context, other evaluators must come wrapped in :class:`~cde_st.evaluation.evaluators.ContextualEvaluator`).
+    the config differs from the checkpoints' (see :func:`prepare_output_dir`); ``allow_changed_data``: resume
+    although the training files changed since the run recorded them (:mod:`~cde_st.training.data_record`).
+    ``evaluator``: a sentence-transformers evaluator to use instead of ``eval_folder``'s; for a contextual model it
+    goes through :func:`cde_st.evaluation.evaluators.with_corpus_context` (a stock ``InformationRetrievalEvaluator``
+    gets its own corpus as context, other evaluators must come wrapped in
+    :class:`~cde_st.evaluation.evaluators.ContextualEvaluator`).
 
     The output folder belongs to this run while it trains (:func:`~cde_st.training.output_dir.run_lock`): a second
-    run into it is refused, naming this one."""
+    run into it is refused, naming this one. SIGINT (Ctrl-C) or SIGTERM stops the run at the end of its step, with a
+    checkpoint to resume from (:class:`~cde_st.training.interrupt.TrainingInterrupted`)."""
     if not cfg.train_data:
         raise NoTrainingDataError(f"the training config has no training data: set train_data to {TRAIN_DATA_HELP}.")
     if evaluator is not None and cfg.eval_folder:
@@ -292,21 +298,28 @@ def train(
         )
     # Under torchrun / accelerate launch every rank runs this function; only rank 0 touches the output folder.
     is_main = int(os.environ.get("RANK", "0")) == 0
-    with run_lock(cfg.output_dir) if is_main else contextlib.nullcontext():
-        return _train(cfg, resume, overwrite_output_dir, allow_config_change, evaluator, is_main)
+    stop = StopOnSignal()
+    try:
+        with stop, run_lock(cfg.output_dir) if is_main else contextlib.nullcontext():
+            resuming = (resume, overwrite_output_dir, allow_config_change, allow_changed_data)
+            return _train(cfg, resuming, evaluator, is_main, stop)
+    except TrainingInterrupted as interrupted:  # the lock is released by now
+        interrupted.locate_checkpoint(cfg.output_dir)
+        raise
 
 
 def _train(
     cfg: TrainConfig,
-    resume: bool | str,
-    overwrite_output_dir: bool,
-    allow_config_change: bool,
+    resuming: tuple[bool | str, bool, bool, bool],
     evaluator: SentenceEvaluator | None,
     is_main: bool,
+    stop: StopOnSignal,
 ) -> SentenceTransformer:
+    """``resuming``: ``resume``, ``overwrite_output_dir``, ``allow_config_change`` and ``allow_changed_data``."""
     torch.manual_seed(cfg.seed)
+    resume = resuming[0]
     if is_main:
-        prepare_output_dir(cfg, resume, overwrite_output_dir, allow_config_change)
+        prepare_output_dir(cfg, *resuming)
     elif resume and (isinstance(resume, str) or checkpoints(cfg.output_dir)):
         # The other ranks stop with rank 0 on a finished run instead of waiting for it in the first collective.
         checkpoint = (
@@ -340,10 +353,13 @@ def _train(
         evaluator=evaluator,
         optimizers=(build_optimizer(cfg, model), None),  # the trainer adds its linear warm-up schedule
     )
+    trainer.add_callback(stop)  # before _RecordCheckpoints, which lists the checkpoint a stop asks for
     trainer.add_callback(_RecordCheckpoints(cfg.output_dir))
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume or None)
     wall = time.perf_counter() - start
+    if stop.stopped:
+        raise TrainingInterrupted(stop.signum or signal.SIGTERM, step=trainer.state.global_step)
     if not trainer.is_world_process_zero():
         return model
     _warn_if_nothing_was_learned(trainer, cfg)

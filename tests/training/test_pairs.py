@@ -106,3 +106,43 @@ def test_loading_reads_columns_not_rows(tmp_path, monkeypatch):
         monkeypatch.setattr(column_type, "__iter__", lambda self: (_ for _ in ()).throw(AssertionError("row by row")))
     pairs = load_pairs(TrainConfig(train_data=[str(tmp_path)], exclude_domains=["b"]))
     assert len(pairs) == 20
+
+
+@pytest.mark.parametrize("layout", ["file", "gzip", "folder"])
+def test_training_files_that_hold_no_pairs_are_named_as_the_cause(tmp_path, layout):
+    """An empty file is the cause, not the domains excluded (there are none)."""
+    if layout == "file":
+        (tmp_path / "empty.jsonl").write_text("")
+        source, named = tmp_path / "empty.jsonl", [tmp_path / "empty.jsonl"]
+    elif layout == "gzip":
+        with gzip.open(tmp_path / "empty.jsonl.gz", "wt") as f:
+            f.write("\n  \n")  # blank lines only
+        source, named = tmp_path / "empty.jsonl.gz", [tmp_path / "empty.jsonl.gz"]
+    else:
+        (tmp_path / "a.jsonl").write_text("")
+        (tmp_path / "b.jsonl").write_text("")
+        source, named = tmp_path, [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    with pytest.raises(ValueError) as err:
+        load_pairs(TrainConfig(train_data=[str(source)]))
+    message = str(err.value)
+    assert "excluding" not in message
+    assert all(str(path) in message for path in named) and "no pairs" in message, message
+
+
+def test_an_empty_file_beside_one_with_pairs_only_warns(tmp_path, caplog):
+    (tmp_path / "empty.jsonl").write_text("")
+    rows = [{"query": f"q{i}", "document": f"d{i}"} for i in range(4)]
+    (tmp_path / "full.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level("WARNING"):
+        assert len(load_pairs(TrainConfig(train_data=[str(tmp_path)]))) == 4
+    assert "empty.jsonl holds no pairs" in caplog.text
+
+
+def test_the_train_command_over_an_empty_file_says_the_file_holds_no_pairs(tmp_path, capsys):
+    from cde_st.cli import train_run
+
+    (tmp_path / "empty.jsonl").write_text("")
+    argv = ["--preset", "tiny", "--output-dir", str(tmp_path / "run"), "--set", f"train_data={tmp_path}/empty.jsonl"]
+    assert train_run(argv) == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and f"{tmp_path}/empty.jsonl holds no pairs" in error[0], error
