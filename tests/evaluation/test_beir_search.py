@@ -135,49 +135,77 @@ def test_without_beir_the_import_error_names_the_extra(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Real collections (slow: SciFact's 5,183 documents take about 4 minutes to encode on this 2-core CPU, so the
-# contextual model is compared with the kit on CACM, 3,204 short documents; on SciFact both gave 64.025)
+# Real collections, on a seeded slice each (every document judged for a test query, then a seeded sample of the
+# others): the whole of SciFact (5,183 long documents) took minutes to encode on a 2-core CPU, and what these tests
+# check, that beir's route and the kit's give one score for one model, context and corpus, holds on any corpus.
+# The kit's full-corpus SciFact score (64.51, the published one) is docs/RESULTS.md's calibration.
 
 
-def beir_files(shared_data, tmp_path_factory, name: str) -> dict[str, str]:
-    """beir's GenericDataLoader reads plain corpus.jsonl only: the shared gzipped corpus, uncompressed to a temp dir."""
-    folder = shared_data / "retrieval" / name
-    corpus = tmp_path_factory.mktemp(name) / "corpus.jsonl"
-    with gzip.open(folder / "corpus.jsonl.gz", "rb") as src, corpus.open("wb") as dst:
-        shutil.copyfileobj(src, dst)
+def beir_slice(shared_data: Path, tmp_path_factory, name: str, max_docs: int, seed: int = 0) -> Path:
+    """A BEIR folder (plain corpus.jsonl, as beir's GenericDataLoader reads it) with the test queries and qrels of
+    ``name`` and at most ``max_docs`` of its documents (more only if the judged ones alone exceed it)."""
+    import random
+
+    source = shared_data / "retrieval" / name
+    folder = tmp_path_factory.mktemp(f"{name}_slice")
+    (folder / "qrels").mkdir()
+    qrels = (source / "qrels" / "test.tsv").read_text()
+    (folder / "qrels" / "test.tsv").write_text(qrels)
+    judged = {line.split("\t")[1] for line in qrels.splitlines()[1:] if line.strip()}
+    with gzip.open(source / "corpus.jsonl.gz", "rt", encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()]
+    keep = [line for line in lines if json.loads(line)["_id"] in judged]
+    others = [line for line in lines if json.loads(line)["_id"] not in judged]
+    keep += random.Random(seed).sample(others, max(0, min(len(others), max_docs - len(keep))))
+    (folder / "corpus.jsonl").write_text("".join(keep), encoding="utf-8")
+    shutil.copy(source / "queries.jsonl", folder / "queries.jsonl")
+    assert len(keep) >= min(max_docs, len(lines)) // 2 and judged <= {json.loads(line)["_id"] for line in keep}
+    return folder
+
+
+def beir_files(folder: Path) -> dict[str, str]:
     return {
-        "corpus_file": str(corpus),
+        "corpus_file": str(folder / "corpus.jsonl"),
         "query_file": str(folder / "queries.jsonl"),
         "qrels_file": str(folder / "qrels" / "test.tsv"),
     }
 
 
 @pytest.mark.slow
-def test_minilm_through_beir_reproduces_the_published_scifact_score(shared_data, tmp_path_factory, minilm):
+def test_minilm_through_beir_matches_the_kit_on_scifact(shared_data, tmp_path_factory, minilm):
     from sentence_transformers import SentenceTransformer
 
-    search = ContextualExactSearch(SentenceTransformer(minilm), batch_size=64, show_progress_bar=False)
-    score = beir_ndcg10(search, **beir_files(shared_data, tmp_path_factory, "scifact"))
-    print(f"all-MiniLM-L6-v2, beir + ContextualExactSearch, SciFact test NDCG@10 = {score:.2f}")
-    assert score == pytest.approx(64.51, abs=0.05)
+    folder = beir_slice(shared_data, tmp_path_factory, "scifact", max_docs=500)
+    model = SentenceTransformer(minilm)
+    search = ContextualExactSearch(model, batch_size=64, show_progress_bar=False)
+    score = beir_ndcg10(search, **beir_files(folder))
+    kit = evaluate_model(
+        model, [folder], prefixes=False, identical_ids="ignore", output_dir=None, show_progress_bar=False
+    )
+    print(f"all-MiniLM-L6-v2 on a SciFact slice, NDCG@10: beir {score:.3f}, kit {kit.score(folder.name):.3f}")
+    assert 40 < score < 100  # a working retriever on the slice, not a degenerate score
+    assert score == pytest.approx(kit.score(folder.name), abs=0.01)
 
 
 @pytest.mark.slow
 def test_contextual_minilm_through_beir_matches_the_kit_on_cacm(shared_data, tmp_path_factory, minilm):
     from cde_st import ContextualSentenceTransformer
 
+    folder = beir_slice(shared_data, tmp_path_factory, "cacm", max_docs=600)
     model = ContextualSentenceTransformer.from_encoder(minilm, context_size=64)
     model.eval()
     search = ContextualExactSearch(model, batch_size=64, context_size=64, context_seed=0, show_progress_bar=False)
-    beir_score = beir_ndcg10(search, **beir_files(shared_data, tmp_path_factory, "cacm"))
+    beir_score = beir_ndcg10(search, **beir_files(folder))
     kit = evaluate_model(
         model,
-        [shared_data / "retrieval" / "cacm"],
+        [folder],
         context_size=64,
         context_seed=0,
         identical_ids="ignore",  # beir's search always leaves out a document whose id is the query's id
         output_dir=None,
         show_progress_bar=False,
     )
-    print(f"contextual MiniLM (J=64, seed 0), CACM NDCG@10: beir {beir_score:.3f}, kit {kit.score('cacm'):.3f}")
-    assert beir_score == pytest.approx(kit.score("cacm"), abs=0.01)
+    print(
+        f"contextual MiniLM (J=64, seed 0), CACM slice NDCG@10: beir {beir_score:.3f}, kit {kit.score(folder.name):.3f}"
+    )
+    assert beir_score == pytest.approx(kit.score(folder.name), abs=0.01)
