@@ -11,7 +11,8 @@ Presets are commented YAML files in cde_st/training/presets/ (tiny brings its ow
 train_data); train/configs/ holds this repository's configs, which name ../shared/data/pairs. Times: one measured
 run per preset (the `wall_time` of each preset file, shown by --help). Without --output-dir a run writes to
 runs/PRESET-MODEL-sSEED. Errors are one line (`error: ...`, exit status 2); --debug or CDE_ST_DEBUG=1 shows the
-traceback.
+traceback. Ctrl-C or SIGTERM stops at the next step boundary, saves a checkpoint and prints the command that resumes
+(exit status 130 / 143).
 
 All fields: cde_st.training.TrainConfig. The logic lives in cde_st.training.
 """
