@@ -65,7 +65,7 @@ class _CannotCut(Exception):
 def token_budget_batches(lengths: Sequence[int], batch_size: int, batch_tokens: int | None = None) -> list[tuple]:
     """Batches over rows sorted by decreasing token count: ``(start, end)`` row ranges of at most ``batch_size`` rows
     and, with ``batch_tokens``, at most that many padded tokens (rows x the batch's first, longest row; a row longer
-    than the budget is a batch of its own).
+    than the budget is a batch of its own; a row counts as one token at least).
 
     Example:
         >>> token_budget_batches([10, 8, 8, 3, 2, 1], batch_size=4, batch_tokens=20)
