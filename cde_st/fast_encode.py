@@ -251,6 +251,42 @@ def _can_cut(model: SentenceTransformer, kind: str) -> str | None:
     return None
 
 
+_FALL_BACK = object()  # _embed_or_none's answer when model.encode must run instead
+
+
+def _embed_or_none(model: SentenceTransformer, kind: str, texts: list, prompt: str | None, options: dict):
+    """The embeddings (None for no texts), or ``_FALL_BACK`` (logged) when the features cannot be cut."""
+    reason = _can_cut(model, kind)
+    if reason is None:
+        one_check = contextual_module(model).one_weights_check() if is_contextual(model) else contextlib.nullcontext()
+        try:
+            with one_check:
+                model.eval()  # as encode(): inference mode of dropout; a contextual model compares its weights once
+                return _embed_all(model, texts, prompt, options) if texts else None
+        except _CannotCut as why:
+            reason = str(why)
+    logger.info("encode_fast: %s, so model.encode runs instead.", reason)
+    return _FALL_BACK
+
+
+def _check_arguments(model, kind, batch_size, batch_tokens, chunk_size, precision, kwargs) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}.")
+    token_budget_batches([], batch_size, batch_tokens)  # checks both
+    if precision is not None and precision not in ("float32", "int8", "uint8", "binary", "ubinary"):
+        raise ValueError(f"Precision {precision!r} is not supported.")
+    if "task" in kwargs:
+        raise TypeError("encode_fast() sets the task from kind=; do not pass task=.")
+    unknown = set(kwargs) - set(model.get_model_kwargs()) - {"processing_kwargs"}
+    if unknown:
+        raise ValueError(
+            f"encode_fast() got keyword arguments this model does not use: {sorted(unknown)}; "
+            f"it reads {sorted(model.get_model_kwargs())}."
+        )
+
+
 def encode_fast(
     model: SentenceTransformer,
     inputs: str | Sequence[str],
@@ -296,25 +332,10 @@ def encode_fast(
         tensor on the model's device with ``convert_to_tensor=True``, a list of row tensors with neither; one row for
         a single text; an empty array / tensor / list for no texts.
 
-    Models whose features cannot be cut from a chunk (see the module docstring) are encoded by ``model.encode``.
-    Multi-process pools, ``output_value`` other than sentence embeddings and ``device=`` are not offered: move the
-    model with ``model.to(device)``.
+    Models whose features cannot be cut (module docstring) are encoded by ``model.encode``. Not offered: pools,
+    ``output_value`` other than sentence embeddings, ``device=`` (move the model with ``model.to(device)``).
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
-    if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}.")
-    token_budget_batches([], batch_size, batch_tokens)  # checks both
-    if precision is not None and precision not in ("float32", "int8", "uint8", "binary", "ubinary"):
-        raise ValueError(f"Precision {precision!r} is not supported.")
-    if "task" in kwargs:
-        raise TypeError("encode_fast() sets the task from kind=; do not pass task=.")
-    unknown = set(kwargs) - set(model.get_model_kwargs()) - {"processing_kwargs"}
-    if unknown:
-        raise ValueError(
-            f"encode_fast() got keyword arguments this model does not use: {sorted(unknown)}; "
-            f"it reads {sorted(model.get_model_kwargs())}."
-        )
+    _check_arguments(model, kind, batch_size, batch_tokens, chunk_size, precision, kwargs)
     single = isinstance(inputs, str)
     texts = [inputs] if single else (inputs.tolist() if isinstance(inputs, np.ndarray) else list(inputs))
     convert_to_numpy = convert_to_numpy and not convert_to_tensor
@@ -323,6 +344,14 @@ def encode_fast(
     truncate_dim = model.truncate_dim if truncate_dim is None else truncate_dim
     if show_progress_bar is None:
         show_progress_bar = logger.getEffectiveLevel() in (logging.INFO, logging.DEBUG)
+    encode_options = dict(
+        show_progress_bar=show_progress_bar,
+        precision=precision,
+        convert_to_numpy=convert_to_numpy,
+        convert_to_tensor=convert_to_tensor,
+        normalize_embeddings=normalize_embeddings,
+        truncate_dim=truncate_dim,
+    )
     options = dict(
         kwargs=call_kwargs,
         batch_size=batch_size,
@@ -333,29 +362,8 @@ def encode_fast(
         truncate_dim=truncate_dim,
         normalize=normalize_embeddings,
     )
-    reason = _can_cut(model, kind)
-    if reason is None:
-        one_check = contextual_module(model).one_weights_check() if is_contextual(model) else contextlib.nullcontext()
-        try:
-            with one_check:
-                model.eval()  # as encode(): inference mode of dropout; a contextual model compares its weights once
-                embeddings = _embed_all(model, texts, prompt, options) if texts else None
-        except _CannotCut as why:
-            reason = str(why)
-    if reason is not None:
-        logger.info("encode_fast: %s, so model.encode runs instead.", reason)
-        encoded = model.encode(
-            inputs,
-            prompt=prompt,
-            batch_size=batch_size,
-            show_progress_bar=show_progress_bar,
-            precision=precision,
-            convert_to_numpy=convert_to_numpy,
-            convert_to_tensor=convert_to_tensor,
-            normalize_embeddings=normalize_embeddings,
-            truncate_dim=truncate_dim,
-            **call_kwargs,
-        )
-        return encoded
+    embeddings = _embed_or_none(model, kind, texts, prompt, options)
+    if embeddings is _FALL_BACK:
+        return model.encode(inputs, prompt=prompt, batch_size=batch_size, **encode_options, **call_kwargs)
     output = _as_output(embeddings, model.device, precision, convert_to_numpy, convert_to_tensor)
     return output[0] if single else output
