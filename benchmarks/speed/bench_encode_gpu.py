@@ -124,6 +124,33 @@ def tokenise_rate(model, texts: list[str], role: str) -> float:
     return len(texts) / (time.perf_counter() - start)
 
 
+def profile_encode(model, texts: list[str], batch: int, device: torch.device, out: Path) -> dict:
+    """torch.profiler over one document call of each path (bf16 autocast on CUDA): the top operators by host time
+    to ``profile_<path>.txt``, and the device's busy share (its kernels' summed time over the wall time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    calls = {
+        "today": lambda: model.encode_document(texts, batch_size=batch),
+        "new": lambda: encode_fast(model, texts, "document", batch_size=batch),
+    }
+    result = {}
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        for name, run in calls.items():
+            run()
+            sync(device)
+            with profile(activities=activities) as prof:
+                start = time.perf_counter()
+                run()
+                sync(device)
+                wall = time.perf_counter() - start
+            events = prof.key_averages()
+            busy = sum(e.self_device_time_total for e in events) / 1e6
+            (out / f"profile_{name}.txt").write_text(events.table(sort_by="self_cpu_time_total", row_limit=30))
+            result[name] = {"wall_s": wall, "texts_per_s": len(texts) / wall, "device_busy_share": busy / wall}
+    return result
+
+
 def build_models(args, sizes: dict, device: torch.device):
     """(name, builder) of the two models, and the tokenizer the texts are made from."""
     if args.smoke:
@@ -131,6 +158,8 @@ def build_models(args, sizes: dict, device: torch.device):
         folder = build_bert_folder(Path(args.out) / "tiny_bert", tokenizer, TINY_SHAPE)
     else:
         folder = args.model or str(load_tokenizer(None, smoke=False)[1])
+        if not Path(folder).is_dir():
+            sys.exit(f"No all-MiniLM-L6-v2 folder (got {folder!r}): pass --model FOLDER.")
         tokenizer, _ = load_tokenizer(folder, smoke=False)
     j, base = sizes["context_size"], "tiny random BERT" if args.smoke else "MiniLM"
     models = [
@@ -175,6 +204,8 @@ def markdown(report: dict) -> str:
             f"| {r['new_over_limit']:.2f} | {r['today_over_limit']:.2f} | {r['tokenise_per_s']:,.0f} "
             f"| {r['max_abs_new_vs_today']:.1e} |"
         )
+    if "profile" in report:
+        lines.append(f"\nProfile of one document call ({report['profile']['model']}): {report['profile']}")
     return "\n".join(lines) + "\n"
 
 
@@ -189,6 +220,10 @@ def measure_model(name, build, texts, context, args, sizes, device, report, dead
         with torch.inference_mode():
             model.set_context(context, seed=0)
     tokenise = {role: tokenise_rate(model, texts[role], role) for role in texts}
+    if args.profile and "profile" not in report:  # the first model only
+        batch = sizes["batches"][0]
+        report["profile"] = {"model": name, **profile_encode(model, texts["document"], batch, device, Path(args.out))}
+        print(json.dumps({"profile": report["profile"]}, default=float), flush=True)
     for dtype in args.dtypes:
         for batch in sizes["batches"]:
             for role in ("document", "query"):
@@ -226,6 +261,7 @@ def main() -> None:
     parser.add_argument("--context-size", type=int, help="J of the contextual model (default 512)")
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per method (the best counts)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--profile", action="store_true", help="profile one document call per path (first model)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="no new row starts after this many seconds")
     args = parser.parse_args()
     if args.threads:

@@ -26,7 +26,7 @@ def run_script(*args: str, out: Path, timeout: int = 300) -> dict:
 
 
 def test_smoke_run_measures_every_row(tmp_path):
-    report = run_script(out=tmp_path)
+    report = run_script("--profile", out=tmp_path)
     rows = report["rows"]
     labels = {(r["model"], r["dtype"], r["batch"], r["role"]) for r in rows}
     assert len(rows) == len(labels) == 2 * 2 * 2 * 2  # models x dtypes x batches x roles
@@ -39,6 +39,9 @@ def test_smoke_run_measures_every_row(tmp_path):
     markdown = (tmp_path / "bench_encode_gpu.md").read_text(encoding="utf-8")
     assert markdown.count("| tiny random BERT") == 16 and "new / limit" in markdown
     assert report["environment"]["load_average_end"] and report["command"]
+    for path in ("today", "new"):  # the profile of one call per path (no device on the CPU: busy share 0)
+        assert report["profile"][path]["texts_per_s"] > 0 and report["profile"][path]["device_busy_share"] == 0
+        assert "Self CPU" in (tmp_path / f"profile_{path}.txt").read_text(encoding="utf-8")
 
 
 def test_budget_skips_the_rows_that_do_not_fit(tmp_path):
