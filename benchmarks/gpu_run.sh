@@ -6,13 +6,14 @@
 #   bash benchmarks/gpu_run.sh env                    # what the machine has: GPU, driver, the packages that matter
 #   bash benchmarks/gpu_run.sh first-light [ARGS...]  # benchmarks/speed/gpu_first_light.py --tokenizer .gpu/minilm
 #   bash benchmarks/gpu_run.sh scale [ARGS...]        # benchmarks/quality/scale_run.py on the packed data and model
+#   bash benchmarks/gpu_run.sh encode [ARGS...]       # benchmarks/speed/bench_encode_gpu.py: encode, encode_fast, the limit
 #
 # ARGS go to the script (e.g. `first-light --sections surrogate`, `scale --seed 7 --plan-steps T --stop-at-step S
 # --no-zero-shot`); `scale` passes --seed 42 --budget-s 350 unless ARGS give them. Exit status 3: .gpu/minilm is not on
 # this machine (copy bundle 1 first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?usage: bash benchmarks/gpu_run.sh env|first-light|scale [ARGS...]}
+step=${1:?usage: bash benchmarks/gpu_run.sh env|first-light|scale|encode [ARGS...]}
 shift
 export OUT=${OUT:-$PWD/runs/gpu}
 site=${SITE:-/tmp/site}
@@ -43,8 +44,12 @@ case $step in
     "$python" benchmarks/quality/scale_run.py --data .gpu/data/scale_data.tar.xz --model .gpu/minilm \
       --work /tmp/cde_st_scale_run "${defaults[@]}" "$@" --out "$OUT" 2>&1 | tee "$OUT/scale_run.log"
     ;;
+  encode)
+    "$python" benchmarks/speed/bench_encode_gpu.py --out "$OUT" --model .gpu/minilm --profile --budget-s 380 "$@" \
+      2>&1 | tee "$OUT/bench_encode_gpu.log"
+    ;;
   *)
-    echo "unknown step '$step': env, first-light or scale" >&2
+    echo "unknown step '$step': env, first-light, scale or encode" >&2
     exit 2
     ;;
 esac

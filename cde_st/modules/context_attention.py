@@ -142,6 +142,11 @@ def encode_with_context(
     return out[:, num_prefix:]
 
 
+def autocast_state(device: torch.device) -> tuple[bool, torch.dtype]:
+    """Whether autocast is on for ``device``'s type, and its dtype: what the dtype of computed keys/values follows."""
+    return torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
+
+
 def second_stage_fingerprint(backbone: nn.Module) -> torch.Tensor:
     """:func:`~cde_st.modules.freshness.values_fingerprint` of the second-stage weights behind cached
     keys/values (its layers; the input-embedding table is not used by the prefix rows)."""
@@ -155,7 +160,8 @@ class ContextKVCache:
     encode call: :meth:`drop_if_stale`) unchanged second-stage weights."""
 
     def __init__(self) -> None:
-        self.entry: tuple[torch.Tensor, torch.Tensor, list] | None = None
+        # (prefix, second-stage fingerprint, per-layer keys/values, autocast_state when computed)
+        self.entry: tuple[torch.Tensor, torch.Tensor, list, tuple] | None = None
 
     def states(
         self,
@@ -168,13 +174,14 @@ class ContextKVCache:
         """The (P, d) prefix's keys/values in every layer; computed anew unless ``reusable`` (then kept)."""
         if not reusable:
             return adapter.context_states(backbone, prefix, layers)
-        entry = self.entry
-        # An exact comparison of the (P, d) prefix per batch: cheap next to the batch, and it sees every edit.
-        stale = entry is None or (entry[0].dtype, entry[0].device) != (prefix.dtype, prefix.device)
+        entry, autocast = self.entry, autocast_state(prefix.device)
+        # An exact comparison of the (P, d) prefix per batch: cheap next to the batch, and it sees every edit. The
+        # keys/values' dtype follows autocast (bf16 under it): computed under another setting, they are recomputed.
+        stale = entry is None or (entry[0].dtype, entry[0].device, entry[3]) != (prefix.dtype, prefix.device, autocast)
         if stale or not torch.equal(entry[0], prefix):
             with torch.no_grad():
                 states = adapter.context_states(backbone, prefix, layers)
-                self.entry = (prefix.detach().clone(), second_stage_fingerprint(backbone), states)
+                self.entry = (prefix.detach().clone(), second_stage_fingerprint(backbone), states, autocast)
         return self.entry[2]
 
     def drop_if_stale(self, backbone: nn.Module) -> None:

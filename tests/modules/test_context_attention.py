@@ -287,3 +287,20 @@ def test_the_cache_is_an_owned_object_dropped_with_the_context(make_tiny_cde):
     assert module.context_cache.nbytes() == module.context_cache_bytes() > 0
     model.set_context(DOCS[:2])  # another context: the keys/values of the old one go
     assert module.context_cache.entry is None and module.context_cache_bytes() == 0
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_cache_follows_autocast(make_tiny_cde, gate):
+    """Keys/values computed under bf16 autocast are bf16: a float32 forward after them recomputes them (it used to
+    reuse them and fail, or a bf16 forward reused float32 ones), and each gives what a fresh cache gives."""
+    model = make_tiny_cde(context_size=4, context_attention="cached", context_gate=gate)
+    model.set_context(DOCS, seed=0)
+    fresh_fp32 = model.encode_document(DOCS[:5])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first_bf16 = model.encode_document(DOCS[:5])
+    assert model.contextual_module.context_cache.entry[2][-1][0].dtype == torch.bfloat16
+    after_bf16 = model.encode_document(DOCS[:5])
+    np.testing.assert_allclose(after_bf16, fresh_fp32, atol=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        again_bf16 = model.encode_document(DOCS[:5])
+    np.testing.assert_allclose(again_bf16, first_bf16, atol=1e-6)
