@@ -18,7 +18,7 @@ LAYERS = [
     {"modules"},
     {"released"},
     {"model", "model_card", "hard_negatives"},
-    {"batching", "losses"},
+    {"batching", "losses", "fast_encode"},
     {"evaluation", "serving", "corpus"},
     {"training"},
     {"cli"},
