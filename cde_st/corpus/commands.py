@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from cde_st.corpus.shards import DTYPES
 
@@ -77,8 +78,10 @@ def embed_main(argv: list[str] | None = None) -> None:
     from cde_st.corpus.job import embed_corpus
 
     model = _load(args.model, args.max_seq_length)
+    local = Path(args.model).expanduser()
     options = {
-        "model_name": args.model,
+        # cde-st-search loads the model the manifest names: a folder by its absolute path, from any directory.
+        "model_name": str(local.resolve()) if local.exists() else args.model,
         "context": args.context,
         "context_size": args.context_size,
         "seed": args.seed,
@@ -116,7 +119,9 @@ def search_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="the model (default: the one the manifest names)")
     parser.add_argument("-k", type=int, default=10, help="results per query")
     parser.add_argument("--nprobe", type=int, default=None, help="inverted lists an IVF index visits")
-    parser.add_argument("--max-seq-length", type=int, default=None)
+    parser.add_argument(
+        "--max-seq-length", type=int, default=None, help="default: the one the corpus was embedded with"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     args = parser.parse_args(argv)
     from cde_st.corpus.index import search_index
@@ -125,7 +130,7 @@ def search_main(argv: list[str] | None = None) -> None:
     manifest = read_manifest(args.folder)
     if manifest is None:
         sys.exit(f"cde-st-search: {args.folder} has no manifest.json (not a cde-st-embed folder).")
-    model = _load(args.model or manifest["model"]["name"], args.max_seq_length)
+    model = _load(args.model or manifest["model"]["name"], args.max_seq_length or manifest.get("max_seq_length"))
     results = search_index(args.folder, model, args.queries, k=args.k, nprobe=args.nprobe)
     for query, hits in zip(args.queries, results):
         if args.json:

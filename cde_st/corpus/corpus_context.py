@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from cde_st.context import fingerprint_array, fingerprint_texts
+from cde_st.corpus.shards import write_atomically
 from cde_st.model import contextual_module, is_contextual
 
 __all__ = ["CONTEXT_FILE", "CorpusContext", "embed_sampled_context", "given_context", "read_context_file"]
@@ -67,12 +68,12 @@ class CorpusContext:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write the vectors and :meth:`describe` as a safetensors file (read back by :func:`read_context_file`)."""
-        from safetensors.numpy import save_file
+        """Write the vectors and :meth:`describe` as a safetensors file (read back by :func:`read_context_file`),
+        atomically: a crash leaves the previous file or the new one."""
+        from safetensors.numpy import save
 
-        save_file(
-            {"vectors": np.ascontiguousarray(self.vectors)}, str(path), {"cde_st_corpus": json.dumps(self.describe())}
-        )
+        data = save({"vectors": np.ascontiguousarray(self.vectors)}, {"cde_st_corpus": json.dumps(self.describe())})
+        write_atomically(path, data)
 
 
 def read_context_file(path: str | Path, model_identities: set[str] | None = None) -> CorpusContext:

@@ -58,6 +58,8 @@ def _header(model: Any, model_name: str, reader: CorpusReader, dtype: str, shard
         "model": {"name": model_name, "identity": model_fingerprint(model), "contextual": is_contextual(model)},
         "prompt": document_prompt(model),
         "dimension": int(model.get_embedding_dimension()),
+        # Part of the model fingerprint (its config): cde-st-search loads the model with it.
+        "max_seq_length": getattr(model, "max_seq_length", None),
         "dtype": dtype,
         "normalized": normalize,
         "shard_size": shard_size,

@@ -55,10 +55,23 @@ def test_search_refuses_another_model_or_context_naming_both_fingerprints(make_t
 def test_the_commands_embed_index_and_search(make_tiny_cde, corpus_file, tmp_path, capsys):
     make_tiny_cde(context_size=8).save(str(tmp_path / "model"))
     out = tmp_path / "out"
-    embed_main([str(tmp_path / "model"), corpus_file, "--out", str(out), "--shard-size", "25", "--quiet"])
+    embed_main(
+        [
+            str(tmp_path / "model"),
+            corpus_file,
+            "--out",
+            str(out),
+            "--shard-size",
+            "25",
+            "--max-seq-length",
+            "16",
+            "--quiet",
+        ]
+    )
     printed = capsys.readouterr().out
     assert "Embedded 60 documents into 3 shards" in printed and "Index: flat" in printed
     assert [i for i in all_rows(out)[0]] == [d["_id"] for d in DOCS]
-    search_main([str(out), TEXTS[3], "-k", "3", "--json"])
+    assert read_manifest(out)["max_seq_length"] == 16
+    search_main([str(out), TEXTS[3], "-k", "3", "--json"])  # the manifest's model, at the manifest's max length
     hits = json.loads(capsys.readouterr().out)["hits"]
     assert len(hits) == 3 and hits[0]["score"] >= hits[1]["score"]

@@ -79,6 +79,10 @@ def test_a_folder_of_another_model_or_context_is_refused_naming_both_fingerprint
         embed_corpus(model, corpus_file, tmp_path / "out", seed=3, show_progress_bar=False)
     assert first["context"]["fingerprint"] in str(err.value)
     assert read_manifest(tmp_path / "out")["context"] == first["context"]  # the refused runs changed nothing
+    with open(corpus_file, "a") as f:
+        f.write(json.dumps({"_id": "new", "text": "a document added later"}) + "\n")
+    with pytest.raises(ForeignOutputError, match="corpus size in bytes"):
+        embed_corpus(model, corpus_file, tmp_path / "out", show_progress_bar=False)
 
 
 def test_repeated_ids_are_named_by_both_lines_or_skipped(tiny_cde, tmp_path):
