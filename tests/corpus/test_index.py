@@ -18,7 +18,7 @@ from cde_st.corpus.index import build_index, choose_index, search_index
 def test_index_choice_follows_the_corpus_size():
     assert choose_index(10_000, 384)["kind"] == "flat"
     ivf = choose_index(1_000_000, 384)
-    assert ivf["kind"] == "ivf" and ivf["factory"] == "IVF4000,Flat" and ivf["nprobe"] == 250
+    assert ivf["kind"] == "ivf" and ivf["factory"] == "IVF4000,Flat" and ivf["nprobe"] == 1000
     assert choose_index(10_000_000, 384)["factory"] == "IVF12649,PQ96"
     assert choose_index(500, 32, "ivf")["nlist"] == 12  # never fewer than 39 training vectors a list
 
