@@ -68,6 +68,14 @@ class DocumentEncoder:
         elif devices:
             model.to(devices[0])
 
+    #: Shards embedded per :meth:`encode_shards` call: one (each shard is one ``encode_document`` call, so which
+    #: texts share a padded batch depends on that shard only, and a resumed job embeds exactly as a whole one).
+    shards_per_call = 1
+
+    def encode_shards(self, shards: list[list[str]]) -> list[np.ndarray]:
+        """The embeddings of each shard's texts."""
+        return [self(texts) for texts in shards]
+
     def __call__(self, texts: list[str]) -> np.ndarray:
         """(len(texts), dimension) float32 embeddings."""
         kwargs: dict[str, Any] = {"batch_size": self.batch_size, "show_progress_bar": False}

@@ -245,19 +245,38 @@ def _write_shards(model, reader, out_dir: Path, manifest: dict, workers, batch_s
     )
     if pending:
         with _encoder(model, context, workers, batch_size, manifest["normalized"]) as encoder:
-            for k, ids, texts in _shard_records(reader, pending, shard_size, set(scan["duplicate_positions"])):
-                embeddings = encoder(texts) if texts else np.zeros((0, manifest["dimension"]), dtype=np.float32)
-                name = shard_name(k)
-                digest = write_atomically(out_dir / name, shard_bytes(shard_table(ids, embeddings, manifest["dtype"])))
-                start, stop = k * shard_size, (k + 1) * shard_size
-                entry = {"index": k, "file": name, "start": start, "stop": stop, "rows": len(ids), "sha256": digest}
-                manifest["shards"] = sorted([*manifest["shards"], entry], key=lambda e: e["index"])
-                write_manifest(out_dir, manifest)
-                bar.update(len(ids))
+            # Several shards per call where the encoder gains from it (Ray starts its actors once per call).
+            records = _shard_records(reader, pending, shard_size, set(scan["duplicate_positions"]))
+            for group in _groups(records, encoder.shards_per_call):
+                embedded = encoder.encode_shards([texts for _, _, texts in group if texts])
+                for k, ids, texts in group:
+                    embeddings = embedded.pop(0) if texts else np.zeros((0, manifest["dimension"]), np.float32)
+                    _record_shard(out_dir, manifest, k, ids, embeddings)
+                    bar.update(len(ids))
     bar.close()
     manifest["complete"] = True
     manifest["counts"] = {"embedded": sum(e["rows"] for e in manifest["shards"]), "shards": n_shards}
     write_manifest(out_dir, manifest)
+
+
+def _record_shard(out_dir: Path, manifest: dict, k: int, ids: list[str], embeddings: np.ndarray) -> None:
+    """Write shard ``k`` atomically, then list it (with its SHA-256) in the manifest, rewritten atomically."""
+    name, shard_size = shard_name(k), manifest["shard_size"]
+    digest = write_atomically(out_dir / name, shard_bytes(shard_table(ids, embeddings, manifest["dtype"])))
+    entry = {"index": k, "file": name, "start": k * shard_size, "stop": (k + 1) * shard_size, "rows": len(ids)}
+    manifest["shards"] = sorted([*manifest["shards"], {**entry, "sha256": digest}], key=lambda e: e["index"])
+    write_manifest(out_dir, manifest)
+
+
+def _groups(items: Iterator, size: int) -> Iterator[list]:
+    group = []
+    for item in items:
+        group.append(item)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def _shard_records(

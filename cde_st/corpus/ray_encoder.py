@@ -10,7 +10,6 @@ checksums and records the shards, so resumption works as without Ray.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,7 @@ class ModelActor:
         self.prompt, self.batch_size, self.normalize = document_prompt(self.model), batch_size, normalize
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A block of ``{"shard", "row", "text"}`` -> ``{"shard", "row", "embedding"}``."""
         embeddings = self.model.encode_document(
             list(batch["text"]),
             prompt=self.prompt,
@@ -46,7 +46,7 @@ class ModelActor:
             normalize_embeddings=self.normalize,
             show_progress_bar=False,
         )
-        return {"row": batch["row"], "embedding": np.asarray(embeddings, dtype=np.float32)}
+        return {"shard": batch["shard"], "row": batch["row"], "embedding": np.asarray(embeddings, dtype=np.float32)}
 
 
 class RayEncoder:
@@ -67,26 +67,42 @@ class RayEncoder:
         self.ray, self.workers, self.batch_size, self.normalize = ray, workers, batch_size, normalize
         self.refs = [ray.put(model.to("cpu")), ray.put(context)]  # once: every actor reads these
 
-    def __call__(self, texts: list[str]) -> np.ndarray:
-        """(len(texts), dimension) float32 embeddings, in the order of ``texts``."""
-        rows = [{"row": i, "text": t} for i, t in enumerate(texts)]
-        # Blocks of a whole number of batches, so which texts share a padded batch depends on the texts only.
+    #: Shards per :meth:`encode_shards` call: each call starts the actors (they load the model) once.
+    shards_per_call = 8
+
+    def encode_shards(self, shards: list[list[str]]) -> list[np.ndarray]:
+        """The embeddings of each shard's texts, in order. Each block holds at most ``4 * batch_size`` texts of one
+        shard and is one ``encode_document`` call (``batch_size=None``: a block is a batch), so which texts share a
+        padded batch depends on the shard only, not on which shards travel together."""
+        import pyarrow as pa
+
         per_block = self.batch_size * 4
-        dataset = self.ray.data.from_items(rows, override_num_blocks=max(1, math.ceil(len(rows) / per_block)))
-        embedded = dataset.map_batches(
+        blocks = [
+            pa.table({"shard": [s] * len(texts[i : i + per_block]), "row": range(i, min(i + per_block, len(texts))),
+                      "text": texts[i : i + per_block]})
+            for s, texts in enumerate(shards)
+            for i in range(0, len(texts), per_block)
+        ]  # fmt: skip
+        embedded = self.ray.data.from_arrow(blocks).map_batches(
             ModelActor,
             fn_constructor_args=(self.refs, self.batch_size, self.normalize),
-            batch_size=per_block,
+            batch_size=None,
             batch_format="numpy",
-            concurrency=self.workers,
+            concurrency=min(self.workers, len(blocks)),
             num_cpus=1,
         )
-        order, parts = [], []
+        out: list[np.ndarray | None] = [None] * len(shards)
         for batch in embedded.iter_batches(batch_size=None, batch_format="numpy"):
-            order.append(batch["row"])
-            parts.append(batch["embedding"])
-        embeddings = np.concatenate(parts)
-        return embeddings[np.argsort(np.concatenate(order), kind="stable")].astype(np.float32)
+            for s in np.unique(batch["shard"]):
+                if out[s] is None:
+                    out[s] = np.zeros((len(shards[s]), batch["embedding"].shape[1]), dtype=np.float32)
+                mine = batch["shard"] == s
+                out[s][batch["row"][mine]] = batch["embedding"][mine]
+        return out
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        """(len(texts), dimension) float32 embeddings, in the order of ``texts``."""
+        return self.encode_shards([texts])[0]
 
     def close(self) -> None:
         """Drop this job's references to the model and context (Ray frees them)."""
