@@ -2,30 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
-
-DOCS = [
-    {
-        "_id": f"d{i}",
-        "title": f"topic {i % 5}",
-        "text": f"document {i} says {'rain clouds' if i % 2 else 'sun'} {i % 7}",
-    }
-    for i in range(60)
-]
-
-
-def write_jsonl(path, records) -> str:
-    """Write records (dicts, or raw str / bytes lines) as a JSON-lines file (gzip by suffix)."""
-    import gzip
-
-    lines = [r if isinstance(r, bytes) else (r if isinstance(r, str) else json.dumps(r)).encode() for r in records]
-    data = b"\n".join(lines) + b"\n"
-    if str(path).endswith(".gz"):
-        data = gzip.compress(data)
-    path.write_bytes(data)
-    return str(path)
+from corpus_helpers import DOCS, write_jsonl
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import DOCS
+from corpus_helpers import DOCS
 
 from cde_st.corpus.encoders import DocumentEncoder
 from cde_st.data import document_text

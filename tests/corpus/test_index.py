@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import DOCS
-from test_job import TEXTS, all_rows
+from corpus_helpers import DOCS, TEXTS, all_rows
 
 from cde_st.corpus import ForeignOutputError, embed_corpus, read_context_file, read_manifest
 from cde_st.corpus.commands import embed_main, search_main

@@ -14,18 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import DOCS, write_jsonl
+from corpus_helpers import DOCS, TEXTS, all_rows, write_jsonl
 
-from cde_st.corpus import ForeignOutputError, embed_corpus, read_context_file, read_manifest, read_shard
-from cde_st.data import DataError, document_text
-
-TEXTS = [document_text(d["title"], d["text"]) for d in DOCS]
-
-
-def all_rows(out_dir) -> tuple[list[str], np.ndarray]:
-    manifest = read_manifest(out_dir)
-    parts = [read_shard(Path(out_dir) / entry["file"]) for entry in manifest["shards"]]
-    return [i for ids, _ in parts for i in ids], np.concatenate([e for _, e in parts])
+from cde_st.corpus import ForeignOutputError, embed_corpus, read_context_file, read_manifest
+from cde_st.data import DataError
 
 
 def test_shards_hold_the_in_process_embeddings_with_the_recorded_context(tiny_cde, corpus_file, tmp_path):

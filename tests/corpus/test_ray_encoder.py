@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_job import all_rows
+from corpus_helpers import all_rows
 
 from cde_st.corpus import embed_corpus
 

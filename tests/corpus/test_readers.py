@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import DOCS, write_jsonl
+from corpus_helpers import DOCS, write_jsonl
 
 from cde_st.corpus import CorpusReader
 from cde_st.corpus.readers import TABLE_BATCH_ROWS
