@@ -271,6 +271,16 @@ class ContextualSentenceTransformer(SentenceTransformer):
             if "context_vectors" in kwargs:
                 raise TypeError("encode() got both context_vectors= and dataset_embeddings= (its alias); pass one.")
             kwargs["context_vectors"] = kwargs.pop("dataset_embeddings")
+        if (
+            self._distributed_inference is not None
+            and kwargs.get("pool") is None
+            and kwargs.get("device") is None
+            and "context_vectors" not in kwargs
+        ):
+            # sentence-transformers' distributed evaluation (the trainer's evaluator with several ranks) sends this
+            # call's inputs and keywords to every rank, and each rank encodes with its own model copy, whose active
+            # context is not this one (the evaluator sets it on rank 0 only): send the context along.
+            kwargs["context_vectors"] = self._context_for_other_processes()
         # The weights are checked against the active context once per call, not once per batch.
         with self.contextual_module.one_weights_check():
             return super().encode(*args, **kwargs)
@@ -291,14 +301,18 @@ class ContextualSentenceTransformer(SentenceTransformer):
         # Worker processes hold a copy of the model made when the pool started: hand them the *current* context
         # explicitly (an empty one for none), so a context set or cleared later never goes stale in the pool.
         if "context_vectors" not in kwargs:
-            module = self.contextual_module
-            module.refresh_context()  # the workers get the vectors of the current first stage
-            if module.context_vectors is not None:
-                kwargs["context_vectors"] = module.context_vectors.detach().cpu()
-            else:
-                module.warn_null_context()
-                kwargs["context_vectors"] = torch.zeros(0, module.hidden_size)
+            kwargs["context_vectors"] = self._context_for_other_processes()
         return super()._multi_process(inputs, *args, **kwargs)
+
+    def _context_for_other_processes(self) -> torch.Tensor:
+        """The active context as vectors another process's copy of the model can be given (an empty one for none:
+        the null context, warned about here)."""
+        module = self.contextual_module
+        module.refresh_context()  # the other processes get the vectors of the current first stage
+        if module.context_vectors is None:
+            module.warn_null_context()
+            return torch.zeros(0, module.hidden_size)
+        return module.context_vectors.detach().cpu()
 
     @property
     def contextual_module(self) -> ContextualTransformer:

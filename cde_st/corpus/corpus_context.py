@@ -1,0 +1,148 @@
+"""The one context a whole corpus is embedded with: sampled from the corpus, or given (the model's saved context, a
+context file, or a named context ``cde-st-serve`` exported), always carried as first-stage vectors.
+
+Vectors, not texts, travel to the workers: every worker then reads the same context bit for bit, and no worker
+samples or embeds its own. A context is named by :func:`~cde_st.context.fingerprint_array` of its vectors, which the
+job's manifest records and every later search checks.
+
+Context files: a ``.npy`` array (J, d), or a ``.safetensors`` file with a ``vectors`` tensor. A named context of
+``cde-st-serve`` is such a file (``STATE_DIR/contexts/NAME.safetensors``); its metadata says which model made it, and
+a context made by another model is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cde_st.context import fingerprint_array, fingerprint_texts
+from cde_st.corpus.shards import write_atomically
+from cde_st.model import contextual_module, is_contextual
+
+__all__ = ["CONTEXT_FILE", "CorpusContext", "embed_sampled_context", "given_context", "read_context_file"]
+
+#: The file the job keeps its context in, beside the manifest.
+CONTEXT_FILE = "context.safetensors"
+#: The metadata key of a ``cde-st-serve`` context file (its format: cde_st/serving/contexts.py).
+SERVE_METADATA_KEY = "cde_st_serving_context"
+
+
+@dataclass
+class CorpusContext:
+    """J first-stage vectors and where they came from.
+
+    Attributes:
+        vectors: (J, d) float32.
+        source: ``"sample"`` (from the corpus), ``"model"`` (the model's saved context) or ``"file"``.
+        request: what was asked for (source, and size + seed for a sample, the path for a file): a rerun asking
+            the same reuses the vectors kept in the job's folder instead of computing them again.
+        texts_fingerprint: of the sampled, prompted texts (:func:`~cde_st.context.fingerprint_texts`), when sampled.
+    """
+
+    vectors: np.ndarray
+    source: str
+    request: dict[str, Any]
+    texts_fingerprint: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fingerprint(self) -> str:
+        """:func:`~cde_st.context.fingerprint_array` of the vectors."""
+        return fingerprint_array(self.vectors)
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's record of this context."""
+        return {
+            "fingerprint": self.fingerprint,
+            "size": int(len(self.vectors)),
+            "dimension": int(self.vectors.shape[1]),
+            "source": self.source,
+            "request": self.request,
+            "texts_fingerprint": self.texts_fingerprint,
+            "details": self.details,
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write the vectors and :meth:`describe` as a safetensors file (read back by :func:`read_context_file`),
+        atomically: a crash leaves the previous file or the new one."""
+        from safetensors.numpy import save
+
+        data = save({"vectors": np.ascontiguousarray(self.vectors)}, {"cde_st_corpus": json.dumps(self.describe())})
+        write_atomically(path, data)
+
+
+def read_context_file(path: str | Path, model_identities: set[str] | None = None) -> CorpusContext:
+    """A context from a ``.npy`` or ``.safetensors`` file (see the module docstring). ``model_identities``: the
+    model's identities; a ``cde-st-serve`` context made by a model of another identity is refused, naming both."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Context file {path} does not exist.")
+    details: dict[str, Any] = {}
+    if path.suffix == ".npy":
+        vectors = np.load(path, allow_pickle=False)
+    else:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="np") as f:
+            if "vectors" not in f.keys():
+                raise ValueError(f"{path}: no 'vectors' tensor (found: {list(f.keys())}).")
+            vectors = f.get_tensor("vectors")
+            metadata = f.metadata() or {}
+        served = json.loads(metadata.get(SERVE_METADATA_KEY, "null"))
+        if isinstance(served, dict):
+            made_by = served.get("model_identity")
+            if model_identities and made_by is not None and made_by not in model_identities:
+                raise ValueError(
+                    f"{path}: context {served.get('name')!r} was made by another model (identity {made_by}; this "
+                    f"model is {' / '.join(sorted(model_identities))}); its vectors mean nothing to this model."
+                )
+            details = {"served_name": served.get("name"), "served_fingerprint": served.get("fingerprint")}
+        saved = json.loads(metadata.get("cde_st_corpus", "null"))
+        if isinstance(saved, dict):  # a context this module saved: keep what it came from
+            vectors = np.asarray(vectors, dtype=np.float32)
+            return CorpusContext(
+                vectors, saved["source"], saved["request"], saved.get("texts_fingerprint"), saved["details"]
+            )
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2 or not len(vectors):
+        raise ValueError(f"{path}: context vectors must have shape (J, d) with J >= 1, got {vectors.shape}.")
+    return CorpusContext(vectors, "file", {"source": "file", "path": str(path.resolve())}, details=details)
+
+
+def given_context(model: Any, spec: str, model_identities: set[str] | None = None) -> CorpusContext:
+    """The context ``spec`` names: ``"model"`` (the model's active / saved context) or a context file path."""
+    if spec == "model":
+        module = contextual_module(model)
+        module.refresh_context()
+        if module.context_vectors is None:
+            raise ValueError("context='model': the model has no saved context; sample one from the corpus instead.")
+        info = module.context_info
+        return CorpusContext(
+            module.context_vectors.detach().float().cpu().numpy(),
+            "model",
+            {"source": "model"},
+            texts_fingerprint=info.fingerprint if info is not None and info.source == "texts" else None,
+        )
+    return read_context_file(spec, model_identities)
+
+
+def embed_sampled_context(
+    model: Any, texts: list[str], prompt: str, size: int, seed: int, batch_size: int
+) -> CorpusContext:
+    """The first-stage vectors of ``texts`` (a corpus sample, unprompted), prompted with ``prompt``."""
+    if not is_contextual(model):
+        raise TypeError("a context is for a contextual model only.")
+    prompted = [prompt + t for t in texts]
+    with torch.inference_mode():
+        vectors = contextual_module(model).embed_context_texts(prompted, batch_size=batch_size)
+    return CorpusContext(
+        vectors.float().cpu().numpy(),
+        "sample",
+        {"source": "sample", "size": size, "seed": seed},
+        texts_fingerprint=fingerprint_texts(prompted),
+    )

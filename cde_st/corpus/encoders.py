@@ -1,0 +1,103 @@
+"""Turning a shard's texts into embeddings: in this process, or on several devices through sentence-transformers'
+multi-process pool (one process per device: ``["cuda:0", "cuda:1"]`` or ``["cpu", "cpu"]``).
+
+Both carry the corpus context as vectors. In process, the context is made active once (``set_context(vectors)``,
+so a cached-context model computes its keys/values once). With a pool, ``ContextualSentenceTransformer`` hands the
+active context's vectors to the workers with every call (their copy of the model was made when the pool started),
+so each worker reads exactly these vectors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from cde_st.model import is_contextual
+
+__all__ = ["DocumentEncoder", "document_prompt"]
+
+#: The prompt names sentence-transformers' ``encode_document`` looks for, in its order.
+DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
+
+
+def document_prompt(model: Any) -> str:
+    """The prompt ``encode_document`` applies: the model's first of ``document`` / ``passage`` / ``corpus``
+    prompts, else its default prompt, else none (``""``)."""
+    prompts = getattr(model, "prompts", None) or {}
+    for name in DOCUMENT_PROMPT_NAMES:
+        if name in prompts:
+            return prompts[name]
+    default = getattr(model, "default_prompt_name", None)
+    return prompts.get(default, "") if default else ""
+
+
+class DocumentEncoder:
+    """Embeds documents as ``model.encode_document`` does, with ``context`` (J, d) vectors (None for a plain
+    model), in this process (``devices`` None or one device) or in a multi-process pool (several devices).
+
+    Use as a context manager (the pool is stopped on exit)::
+
+        with DocumentEncoder(model, vectors, devices=["cpu", "cpu"]) as encoder:
+            embeddings = encoder(texts)  # (n, dimension) float32
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        context: np.ndarray | None,
+        devices: list[str] | None = None,
+        batch_size: int = 32,
+        normalize: bool = False,
+    ) -> None:
+        self.model, self.batch_size, self.normalize = model, batch_size, normalize
+        self.prompt = document_prompt(model)
+        self._snapshot = None
+        if is_contextual(model):
+            if context is None:
+                raise ValueError("a contextual model needs a context to embed a corpus with.")
+            self._snapshot = model.contextual_module.context_snapshot()  # the caller's context, put back by close()
+            model.set_context(torch.as_tensor(context, dtype=torch.float32))
+        elif context is not None:
+            raise ValueError(f"{type(model).__name__} is not a contextual model; it takes no context.")
+        self.pool = None
+        devices = list(devices or [])
+        if len(devices) > 1:
+            self.pool = model.start_multi_process_pool(devices)
+        elif devices:
+            model.to(devices[0])
+
+    #: Shards embedded per :meth:`encode_shards` call: one (each shard is one ``encode_document`` call, so which
+    #: texts share a padded batch depends on that shard only, and a resumed job embeds exactly as a whole one).
+    shards_per_call = 1
+
+    def encode_shards(self, shards: list[list[str]]) -> list[np.ndarray]:
+        """The embeddings of each shard's texts."""
+        return [self(texts) for texts in shards]
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        """(len(texts), dimension) float32 embeddings."""
+        kwargs: dict[str, Any] = {"batch_size": self.batch_size, "show_progress_bar": False}
+        if self.pool is not None:
+            # Fixed-size chunks: which texts share a padded batch is then the same in every run (resume is exact).
+            kwargs.update(pool=self.pool, chunk_size=self.batch_size * 4)
+        embeddings = self.model.encode_document(
+            texts, prompt=self.prompt, convert_to_numpy=True, normalize_embeddings=self.normalize, **kwargs
+        )
+        return np.asarray(embeddings, dtype=np.float32)
+
+    def close(self) -> None:
+        """Stop the pool (if any) and make the model's own context active again."""
+        if self.pool is not None:
+            self.model.stop_multi_process_pool(self.pool)
+            self.pool = None
+        if self._snapshot is not None:
+            self.model.contextual_module.restore_context(self._snapshot)
+            self._snapshot = None
+
+    def __enter__(self) -> DocumentEncoder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

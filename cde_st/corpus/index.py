@@ -1,0 +1,189 @@
+"""A faiss index of an embedded corpus, beside its manifest, and the search that reads it with the same model and
+context.
+
+The index kind follows the corpus size (:func:`choose_index`): exact search (``IndexFlatIP``) up to
+:data:`EXACT_MAX` vectors; above, an inverted file (``IVF{nlist},Flat``, ``nlist`` about 4 sqrt(n), a query visiting
+a quarter of the lists), and above :data:`IVF_FLAT_MAX` an inverted file of product-quantised codes
+(``IVF{nlist},PQ{m}``, ``m`` bytes a vector) so the index fits in memory. Scores are cosine similarities (vectors
+L2-normalised). The index is trained on a sample of at most ``TRAIN_PER_LIST * nlist`` vectors and filled a shard at
+a time.
+
+:func:`search_index` encodes queries with the model's query prompt and the corpus context the manifest records,
+after checking the model is the one that embedded the corpus (:class:`~cde_st.corpus.manifest.ForeignOutputError`,
+naming both fingerprints, otherwise).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from cde_st.context import fingerprint_array
+from cde_st.corpus.corpus_context import CONTEXT_FILE, read_context_file
+from cde_st.corpus.fingerprints import model_fingerprint
+from cde_st.corpus.manifest import ForeignOutputError, read_manifest, write_manifest
+from cde_st.corpus.shards import read_shard, write_atomically
+from cde_st.model import is_contextual
+
+__all__ = ["EXACT_MAX", "IVF_FLAT_MAX", "build_index", "choose_index", "search_index"]
+
+INDEX_FILE = "index.faiss"
+IDS_FILE = "index_ids.parquet"
+#: Up to this many vectors, exact search (a query costs n dot products: milliseconds).
+EXACT_MAX = 50_000
+#: Up to this many vectors, IVF keeps full vectors; above, PQ codes.
+IVF_FLAT_MAX = 2_000_000
+#: Training vectors per inverted list (faiss warns below 39).
+TRAIN_PER_LIST = 64
+
+
+def choose_index(n: int, dimension: int, kind: str = "auto") -> dict[str, Any]:
+    """The index for ``n`` vectors of ``dimension``: ``kind`` ``"auto"`` (by size, see the module docstring),
+    ``"flat"``, ``"ivf"`` or ``"ivfpq"``; returns ``{"kind", "factory", "nlist", "nprobe"}``."""
+    if kind == "auto":
+        kind = "flat" if n <= EXACT_MAX else ("ivf" if n <= IVF_FLAT_MAX else "ivfpq")
+    if kind == "flat":
+        return {"kind": "flat", "factory": "Flat", "nlist": None, "nprobe": None}
+    if kind not in ("ivf", "ivfpq"):
+        raise ValueError(f"index kind must be auto, flat, ivf or ivfpq, got {kind!r}.")
+    nlist = max(1, min(int(4 * math.sqrt(n)), n // 39 or 1))
+    # A quarter of the lists: recall@10 0.97 against exact search on SciFact (nlist / 16: 0.84; RESULTS_embed.md).
+    nprobe = max(1, min(nlist, math.ceil(nlist / 4)))
+    if kind == "ivf":
+        return {"kind": "ivf", "factory": f"IVF{nlist},Flat", "nlist": nlist, "nprobe": nprobe}
+    m = next(m for m in (dimension // 4, dimension // 8, 16, 8, 4, 2, 1) if m >= 1 and dimension % m == 0)
+    return {"kind": "ivfpq", "factory": f"IVF{nlist},PQ{m}", "nlist": nlist, "nprobe": nprobe}
+
+
+def _normalised(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
+def _training_sample(folder: Path, shards: list[dict], size: int, seed: int) -> np.ndarray:
+    """``size`` vectors spread over the shards (a seeded choice in each, in proportion to its rows)."""
+    total = sum(e["rows"] for e in shards)
+    rng = np.random.default_rng(seed)
+    parts = []
+    for entry in shards:
+        if entry["rows"]:
+            _, vectors = read_shard(folder / entry["file"])
+            take = min(len(vectors), math.ceil(size * entry["rows"] / total))
+            parts.append(vectors[np.sort(rng.choice(len(vectors), take, replace=False))])
+    return _normalised(np.concatenate(parts))
+
+
+def build_index(out_dir: str | Path, kind: str = "auto", seed: int = 0, show_progress_bar: bool = True) -> dict:
+    """Build the faiss index of a finished embedding folder, save it beside the manifest (``index.faiss`` and the
+    ids in ``index_ids.parquet``) and record it in the manifest; return that record."""
+    import faiss
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = Path(out_dir)
+    manifest = read_manifest(folder)
+    if manifest is None or not manifest.get("complete"):
+        raise ValueError(f"{folder}: no finished embedding job (run cde-st-embed to the end first).")
+    n, dimension, shards = manifest["counts"]["embedded"], manifest["dimension"], manifest["shards"]
+    if n == 0:
+        raise ValueError(f"{folder}: the corpus has no embedded document to index.")
+    choice = choose_index(n, dimension, kind)
+    print(f"Index: {choice['kind']} ({choice['factory']}) for {n:,} vectors of dimension {dimension}.")
+    index = faiss.index_factory(dimension, choice["factory"], faiss.METRIC_INNER_PRODUCT)
+    if not index.is_trained:
+        index.train(_training_sample(folder, shards, TRAIN_PER_LIST * choice["nlist"], seed))
+        index.nprobe = choice["nprobe"]
+    ids: list[str] = []
+    for entry in tqdm(shards, desc="Indexing shards", disable=not show_progress_bar):
+        shard_ids, vectors = read_shard(folder / entry["file"])
+        if len(shard_ids):
+            index.add(_normalised(vectors))
+            ids.extend(shard_ids)
+    write_atomically(folder / INDEX_FILE, faiss.serialize_index(index).tobytes())
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": pa.array(ids, pa.string())}), sink)
+    write_atomically(folder / IDS_FILE, sink.getvalue().to_pybytes())
+    manifest["index"] = {**choice, "file": INDEX_FILE, "ids_file": IDS_FILE, "rows": len(ids), "metric": "cosine"}
+    write_manifest(folder, manifest)
+    return manifest["index"]
+
+
+def _check_model(folder: Path, manifest: dict, model: Any) -> None:
+    have, want = model_fingerprint(model), manifest["model"]["identity"]
+    if have != want:
+        raise ForeignOutputError(
+            f"{folder} was embedded by model {manifest['model']['name']} (fingerprint {want}); the model given has "
+            f"fingerprint {have}. Its queries would not land in the corpus's embedding space: search with that model."
+        )
+
+
+def _corpus_context(folder: Path, manifest: dict, context: Any) -> np.ndarray | None:
+    """The context queries read: the folder's (checked against the manifest), or ``context`` if it is that one."""
+    if manifest["context"] is None:
+        return None
+    want = manifest["context"]["fingerprint"]
+    if context is None:
+        vectors, where = read_context_file(folder / CONTEXT_FILE).vectors, f"{folder / CONTEXT_FILE} has"
+    else:
+        vectors, where = np.asarray(torch.as_tensor(context).detach().cpu(), dtype=np.float32), "the context given has"
+    if fingerprint_array(vectors) != want:
+        raise ForeignOutputError(
+            f"{folder} was embedded with context fingerprint {want}; {where} context fingerprint "
+            f"{fingerprint_array(vectors)}. Queries must read the corpus's own context."
+        )
+    return vectors
+
+
+@functools.lru_cache(maxsize=2)
+def _read_index(path: str, ids_path: str, mtime_ns: int) -> tuple[Any, list[str]]:
+    """The index and its ids, read once per file version (a search per query reuses them)."""
+    import faiss
+    import pyarrow.parquet as pq
+
+    return faiss.read_index(path), pq.read_table(ids_path).column("id").to_pylist()
+
+
+def _load_index(folder: Path, manifest: dict) -> tuple[Any, list[str]]:
+    if "index" not in manifest:
+        raise ValueError(f"{folder}: no index yet; build it with build_index() (cde-st-embed builds it by default).")
+    path = folder / manifest["index"]["file"]
+    return _read_index(str(path), str(folder / manifest["index"]["ids_file"]), path.stat().st_mtime_ns)
+
+
+def search_index(
+    out_dir: str | Path,
+    model: Any,
+    queries: list[str],
+    k: int = 10,
+    nprobe: int | None = None,
+    context: Any = None,
+    batch_size: int = 32,
+) -> list[list[tuple[str, float]]]:
+    """The ``k`` nearest documents of each query: ``[[(id, cosine), ...], ...]``, best first.
+
+    Queries are encoded with ``model.encode_query`` and the corpus context of ``out_dir`` (``context``: leave None,
+    or give vectors, which must be that context). A model other than the one that embedded the corpus, or another
+    context, raises :class:`~cde_st.corpus.manifest.ForeignOutputError` naming both fingerprints. ``nprobe``: the
+    inverted lists an IVF index visits (default: the manifest's).
+    """
+    folder = Path(out_dir)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise FileNotFoundError(f"{folder}: no manifest.json (not a cde-st-embed folder).")
+    _check_model(folder, manifest, model)
+    vectors = _corpus_context(folder, manifest, context)
+    index, ids = _load_index(folder, manifest)
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "convert_to_numpy": True, "show_progress_bar": False}
+    if is_contextual(model):
+        kwargs["context_vectors"] = torch.as_tensor(vectors)
+    embedded = _normalised(np.asarray(model.encode_query(list(queries), **kwargs), dtype=np.float32))
+    if hasattr(index, "nprobe"):
+        index.nprobe = nprobe or manifest["index"]["nprobe"] or 1
+    scores, rows = index.search(embedded, min(k, len(ids)))
+    return [[(ids[r], float(s)) for r, s in zip(row, score) if r >= 0] for row, score in zip(rows, scores)]

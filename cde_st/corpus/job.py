@@ -1,0 +1,301 @@
+"""``embed_corpus``: embed a whole corpus with one context, into resumable parquet shards and a manifest.
+
+The job, in order:
+
+1. The model's fingerprint (:func:`cde_st.serving.identity.model_identity`), prompt and dimension; a folder written
+   by another job is refused (:mod:`cde_st.corpus.manifest`).
+2. One streaming pass over the corpus (:func:`~cde_st.corpus.scan.scan_corpus`): every record checked, repeated
+   ids found, records counted and, for a contextual model, the context sampled (:mod:`~cde_st.corpus.context_sample`).
+3. The context, computed once as vectors (or given: the model's, a file), kept in ``DIR/context.safetensors``.
+4. A second pass: shard ``k`` holds the valid records of positions ``[k * shard_size, (k + 1) * shard_size)``;
+   each shard not yet finished is embedded (in process or on a pool of devices), written atomically, checksummed
+   and recorded in the manifest. Killed at any point, the same call finishes the job, and the shards are row for row
+   those an uninterrupted run writes (the cut depends on positions only, each shard is embedded in one call).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from cde_st.corpus.context_sample import BottomKSample
+from cde_st.corpus.corpus_context import (
+    CONTEXT_FILE,
+    CorpusContext,
+    embed_sampled_context,
+    given_context,
+    read_context_file,
+)
+from cde_st.corpus.encoders import DocumentEncoder, document_prompt
+from cde_st.corpus.fingerprints import model_fingerprint
+from cde_st.corpus.manifest import FORMAT, check_same_job, read_manifest, write_manifest
+from cde_st.corpus.readers import CorpusReader
+from cde_st.corpus.scan import ScanResult, scan_corpus
+from cde_st.corpus.shards import DTYPES, TEMP_PREFIX, shard_bytes, shard_name, shard_table, write_atomically
+from cde_st.model import context_prompt, is_contextual
+from cde_st.serving.identity import model_identity
+
+__all__ = ["embed_corpus", "finished_shards"]
+
+logger = logging.getLogger(__name__)
+
+#: Records per batch read from the corpus in the embedding pass (memory per batch only).
+READ_BATCH = 4096
+
+
+def _header(model: Any, model_name: str, reader: CorpusReader, dtype: str, shard_size: int, normalize: bool) -> dict:
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "model": {"name": model_name, "identity": model_fingerprint(model), "contextual": is_contextual(model)},
+        "prompt": document_prompt(model),
+        "dimension": int(model.get_embedding_dimension()),
+        # Part of the model fingerprint (its config): cde-st-search loads the model with it.
+        "max_seq_length": getattr(model, "max_seq_length", None),
+        "dtype": dtype,
+        "normalized": normalize,
+        "shard_size": shard_size,
+        "skip_invalid": reader.skip_invalid,
+        "corpus": {"path": str(reader.path.resolve()), "kind": reader.kind, "bytes": _corpus_bytes(reader)},
+    }
+
+
+def _corpus_bytes(reader: CorpusReader) -> int:
+    return sum(path.stat().st_size for path in reader.files)
+
+
+def _context_request(model: Any, context: str | None, context_size: int | None, seed: int) -> dict | None:
+    if not is_contextual(model):
+        if context is not None:
+            raise ValueError(f"{type(model).__name__} is not a contextual model; it takes no context.")
+        return None
+    if context in (None, "sample"):
+        size = context_size or model.contextual_module.context_size
+        return {"source": "sample", "size": int(size), "seed": int(seed)}
+    return {"source": "model"} if context == "model" else {"source": "file", "path": str(Path(context).resolve())}
+
+
+def _resolve_context(model, request, out_dir: Path, old: dict | None, scan: ScanResult, batch_size) -> CorpusContext:
+    """The job's context: the folder's own when this run asks for the same one, else computed (sample) or read."""
+    saved = out_dir / CONTEXT_FILE
+    if old is not None and old.get("context") and old["context"]["request"] == request and saved.is_file():
+        context = read_context_file(saved)
+        if context.fingerprint == old["context"]["fingerprint"]:
+            return context
+    if request["source"] == "sample":
+        if not scan.sample:
+            raise ValueError("the corpus has no non-blank text to sample a context from.")
+        prompt = context_prompt(model)
+        return embed_sampled_context(model, scan.sample, prompt, request["size"], request["seed"], batch_size)
+    # A cde-st-serve context records model_identity of the model as the server loaded it (its saved context
+    # included): accept that one, or the context-free fingerprint.
+    identities = {model_identity(model), model_fingerprint(model)}
+    return given_context(model, "model" if request["source"] == "model" else request["path"], identities)
+
+
+def finished_shards(out_dir: str | Path, manifest: dict) -> dict[int, dict]:
+    """The manifest's shards whose file is there with the recorded SHA-256 (the others are written again)."""
+    done = {}
+    for entry in manifest.get("shards", []):
+        path = Path(out_dir) / entry["file"]
+        if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"]:
+            done[entry["index"]] = entry
+    return done
+
+
+def _hold(out_dir: Path):
+    handle = open(out_dir / ".lock", "a+")  # noqa: SIM115 (held for the job)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise RuntimeError(
+            f"Another cde-st-embed job is writing {out_dir}; wait for it or use another --out."
+        ) from None
+    return handle
+
+
+def embed_corpus(
+    model: Any,
+    corpus_path: str | Path,
+    out_dir: str | Path,
+    *,
+    model_name: str | None = None,
+    context: str | None = None,
+    context_size: int | None = None,
+    seed: int = 0,
+    shard_size: int = 10_000,
+    batch_size: int = 32,
+    dtype: str = "float32",
+    devices: list[str] | None = None,
+    ray_workers: int | None = None,
+    normalize: bool = False,
+    skip_invalid: bool = False,
+    reader_options: dict[str, Any] | None = None,
+    show_progress_bar: bool = True,
+) -> dict[str, Any]:
+    """Embed every document of ``corpus_path`` with ``model`` (and one corpus context) into ``out_dir``; return
+    the manifest. Rerun the same call after a crash to finish the job (see the module docstring).
+
+    Args:
+        model: a ``ContextualSentenceTransformer`` or a plain ``SentenceTransformer`` (no context).
+        corpus_path: JSON lines, parquet, a BEIR folder or a ``datasets`` folder (:class:`CorpusReader`).
+        out_dir: the output folder (created; a folder of another job is refused).
+        model_name: how the manifest names the model (default: its class).
+        context: None / ``"sample"`` (J documents of the corpus, seeded), ``"model"`` (the model's saved context)
+            or a context file (``.npy``, ``.safetensors``; a ``cde-st-serve`` named context file).
+        context_size: J of a sampled context (default: the model's).
+        seed: the sample's seed.
+        shard_size: stream positions per shard (the unit of resumption).
+        batch_size: documents per forward pass.
+        dtype: ``"float32"``, ``"float16"`` or ``"int8"`` (per-row scale).
+        devices: one process per device through sentence-transformers' pool (``["cpu", "cpu"]``,
+            ``["cuda:0", "cuda:1"]``); None or one device: this process.
+        ray_workers: embed with Ray Data on this many model actors instead (:mod:`cde_st.corpus.ray_encoder`;
+            the ``distributed`` extra).
+        normalize: L2-normalise the embeddings before storing them.
+        skip_invalid: leave bad records out (counted in the manifest) instead of raising.
+        reader_options: ``id_field``, ``text_field``, ``title_field``, ``split`` of :class:`CorpusReader`.
+
+    Raises:
+        cde_st.data.DataError: a bad record (file and line named), unless ``skip_invalid``.
+        cde_st.corpus.manifest.ForeignOutputError: ``out_dir`` holds another job's embeddings.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}.")
+    if shard_size < 1 or batch_size < 1:
+        raise ValueError(f"shard_size and batch_size must be >= 1, got {shard_size} and {batch_size}.")
+    reader = CorpusReader(corpus_path, skip_invalid=skip_invalid, **(reader_options or {}))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = _hold(out_dir)
+    try:
+        model.eval()
+        header = _header(model, model_name or type(model).__name__, reader, dtype, shard_size, normalize)
+        request = _context_request(model, context, context_size, seed)
+        old = read_manifest(out_dir)
+        if old is not None:
+            check_same_job(out_dir, old, {**header, "context": old.get("context")})
+        for leftover in out_dir.glob(f"{TEMP_PREFIX}*"):
+            leftover.unlink()
+        manifest = _prepare(model, reader, out_dir, header, request, old, batch_size, show_progress_bar)
+        if ray_workers is not None and devices:
+            raise ValueError("give devices= (one machine's pool) or ray_workers= (Ray), not both.")
+        workers = {"ray_workers": ray_workers} if ray_workers is not None else {"devices": devices}
+        _write_shards(model, reader, out_dir, manifest, workers, batch_size, show_progress_bar)
+        return manifest
+    finally:
+        lock.close()
+
+
+def _prepare(model, reader, out_dir, header, request, old, batch_size, show_progress_bar) -> dict:
+    """The scan and the context (reused from the folder when this run asks for what it has), in the manifest."""
+    if old is not None and old.get("scan") is not None:
+        scan = ScanResult(**old["scan"])
+        needs_sample = request is not None and request["source"] == "sample" and old["context"]["request"] != request
+        if needs_sample:  # another sample was asked for: scan again, to name its fingerprint in the refusal
+            scan = scan_corpus(reader, out_dir, BottomKSample(request["size"], request["seed"]), show_progress_bar)
+    else:
+        sample = BottomKSample(request["size"], request["seed"]) if request and request["source"] == "sample" else None
+        scan = scan_corpus(reader, out_dir, sample, show_progress_bar)
+    context = None if request is None else _resolve_context(model, request, out_dir, old, scan, batch_size)
+    manifest = {**header, "context": None if context is None else context.describe(), "scan": scan.to_dict()}
+    if old is not None:
+        check_same_job(out_dir, old, manifest)
+        manifest["shards"] = old.get("shards", [])
+    else:
+        manifest["shards"] = []
+    if context is not None:
+        context.save(out_dir / CONTEXT_FILE)
+    manifest["complete"] = False
+    write_manifest(out_dir, manifest)
+    return manifest
+
+
+def _encoder(model: Any, context, workers: dict, batch_size: int, normalize: bool):
+    if workers.get("ray_workers") is not None:
+        from cde_st.corpus.ray_encoder import RayEncoder
+
+        return RayEncoder(model, context, workers["ray_workers"], batch_size, normalize)
+    return DocumentEncoder(model, context, workers.get("devices"), batch_size, normalize)
+
+
+def _write_shards(model, reader, out_dir: Path, manifest: dict, workers, batch_size: int, show_progress_bar) -> None:
+    shard_size, scan = manifest["shard_size"], manifest["scan"]
+    n_shards = math.ceil(scan["records"] / shard_size)
+    done = finished_shards(out_dir, manifest)
+    manifest["shards"] = sorted(done.values(), key=lambda e: e["index"])
+    pending = [k for k in range(n_shards) if k not in done]
+    context = read_context_file(out_dir / CONTEXT_FILE).vectors if manifest["context"] else None
+    bar = tqdm(
+        total=scan["valid"],
+        initial=sum(e["rows"] for e in done.values()),
+        desc="Embedding",
+        unit=" docs",
+        disable=not show_progress_bar,
+        smoothing=0.1,
+    )
+    if pending:
+        with _encoder(model, context, workers, batch_size, manifest["normalized"]) as encoder:
+            # Several shards per call where the encoder gains from it (Ray starts its actors once per call).
+            records = _shard_records(reader, pending, shard_size, set(scan["duplicate_positions"]))
+            for group in _groups(records, encoder.shards_per_call):
+                embedded = encoder.encode_shards([texts for _, _, texts in group if texts])
+                for k, ids, texts in group:
+                    embeddings = embedded.pop(0) if texts else np.zeros((0, manifest["dimension"]), np.float32)
+                    _record_shard(out_dir, manifest, k, ids, embeddings)
+                    bar.update(len(ids))
+    bar.close()
+    manifest["complete"] = True
+    manifest["counts"] = {"embedded": sum(e["rows"] for e in manifest["shards"]), "shards": n_shards}
+    write_manifest(out_dir, manifest)
+
+
+def _record_shard(out_dir: Path, manifest: dict, k: int, ids: list[str], embeddings: np.ndarray) -> None:
+    """Write shard ``k`` atomically, then list it (with its SHA-256) in the manifest, rewritten atomically."""
+    name, shard_size = shard_name(k), manifest["shard_size"]
+    digest = write_atomically(out_dir / name, shard_bytes(shard_table(ids, embeddings, manifest["dtype"])))
+    entry = {"index": k, "file": name, "start": k * shard_size, "stop": (k + 1) * shard_size, "rows": len(ids)}
+    manifest["shards"] = sorted([*manifest["shards"], {**entry, "sha256": digest}], key=lambda e: e["index"])
+    write_manifest(out_dir, manifest)
+
+
+def _groups(items: Iterator, size: int) -> Iterator[list]:
+    group = []
+    for item in items:
+        group.append(item)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def _shard_records(
+    reader: CorpusReader, pending: list[int], shard_size: int, duplicates: set[int]
+) -> Iterator[tuple[int, list[str], list[str]]]:
+    """(shard index, ids, texts) of each pending shard, in order, from one read of the stream (from the first
+    pending shard on); records whose id came earlier (``duplicates``, skip mode) are left out."""
+    wanted = set(pending)
+    current, ids, texts = pending[0], [], []
+    for batch in reader.batches(READ_BATCH, start=pending[0] * shard_size):
+        for position, doc_id, text in zip(batch.positions, batch.ids, batch.texts):
+            k = position // shard_size
+            while k != current:  # the current shard is complete (maybe empty): hand it over
+                if current in wanted:
+                    yield current, ids, texts
+                    wanted.discard(current)
+                current, ids, texts = current + 1, [], []
+            if current in wanted and position not in duplicates:
+                ids.append(doc_id)
+                texts.append(text)
+    for k in sorted(wanted):  # the last shard, and trailing shards without one valid record
+        yield (k, ids, texts) if k == current else (k, [], [])

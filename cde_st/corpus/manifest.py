@@ -1,0 +1,89 @@
+"""The manifest of an embedded corpus (``DIR/manifest.json``): what the embeddings are, and which shards are done.
+
+It records what every embedding depends on (the model's identity, the context's fingerprint, the prompt, the
+dimension and the storage dtype), how the corpus was cut (its path, size and the shard size: shard ``k`` holds the
+valid records at stream positions ``[k * shard_size, (k + 1) * shard_size)``), the counts of the corpus scan, and one
+entry per finished shard (file, positions, rows, SHA-256). It is rewritten atomically after each shard, so after a
+crash it lists exactly the shards that are whole; a rerun of the same job writes the others.
+
+A job whose model, context, prompt or cut differs from the one a folder was written with is refused
+(:class:`ForeignOutputError`), naming both fingerprints: a folder of shards never mixes two embedding spaces.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cde_st.corpus.shards import write_atomically
+
+__all__ = ["FORMAT", "MANIFEST_FILE", "ForeignOutputError", "check_same_job", "read_manifest", "write_manifest"]
+
+FORMAT = "cde_st.embedded_corpus"
+MANIFEST_FILE = "manifest.json"
+
+#: The header fields that must match for a rerun to continue a folder: (path in the manifest, what it is).
+_SAME_JOB_FIELDS = (
+    (("model", "identity"), "model fingerprint"),
+    (("prompt",), "prompt"),
+    (("dimension",), "dimension"),
+    (("dtype",), "dtype"),
+    (("shard_size",), "shard size"),
+    (("corpus", "path"), "corpus"),
+    (("corpus", "bytes"), "corpus size in bytes"),
+    (("skip_invalid",), "skip_invalid"),
+)
+
+
+class ForeignOutputError(ValueError):
+    """The output folder holds embeddings of another job (another model, context, prompt or corpus)."""
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any] | None:
+    """The manifest of ``folder`` (None when it has none)."""
+    path = Path(folder) / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if manifest.get("format") != FORMAT:
+        raise ForeignOutputError(f"{path} is not a cde-st-embed manifest (format {manifest.get('format')!r}).")
+    return manifest
+
+
+def write_manifest(folder: str | Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` atomically (temporary file, fsync, rename)."""
+    data = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
+    write_atomically(Path(folder) / MANIFEST_FILE, data)
+
+
+def _get(manifest: dict, path: tuple[str, ...]) -> Any:
+    for key in path:
+        manifest = manifest.get(key) if isinstance(manifest, dict) else None
+    return manifest
+
+
+def _describe(manifest: dict) -> str:
+    context = manifest.get("context") or {}
+    return (
+        f"model {_get(manifest, ('model', 'name'))} (fingerprint {_get(manifest, ('model', 'identity'))}), "
+        f"context fingerprint {context.get('fingerprint', 'none')}, prompt {manifest.get('prompt')!r}"
+    )
+
+
+def check_same_job(folder: str | Path, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Raise :class:`ForeignOutputError` unless ``new`` (this job's header) continues ``old`` (the folder's)."""
+    for path, what in _SAME_JOB_FIELDS:
+        if _get(old, path) != _get(new, path):
+            raise ForeignOutputError(
+                f"{folder} holds embeddings of another job: its {what} is {_get(old, path)!r}, this run's is "
+                f"{_get(new, path)!r}. The folder has: {_describe(old)}; this run: {_describe(new)}. Use another "
+                "--out folder, or delete this one to start over."
+            )
+    old_context, new_context = old.get("context") or {}, new.get("context") or {}
+    if old_context.get("fingerprint") != new_context.get("fingerprint"):
+        raise ForeignOutputError(
+            f"{folder} holds embeddings made with context fingerprint {old_context.get('fingerprint', 'none')}; this "
+            f"run's context fingerprint is {new_context.get('fingerprint', 'none')} (model fingerprint "
+            f"{_get(new, ('model', 'identity'))} in both). Use another --out folder, or the folder's own context."
+        )
