@@ -81,6 +81,7 @@ from cde_st.modules.loading_options import check_backend, resolve_dtype, split_m
 from cde_st.modules.model_prompts import ModelPrompts
 from cde_st.modules.source_pipeline import SourcePipeline, read_source_pipeline
 from cde_st.modules.warning_location import caller_stacklevel
+from cde_st.text_bounds import bound_texts
 
 logger = logging.getLogger(__name__)
 
@@ -353,6 +354,7 @@ class ContextualTransformer(InputModule):
 
     # ------------------------------------------------------------------ tokenisation
     def _tokenize(self, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+        texts = bound_texts(texts, max_length, self.tokenizer)  # a long text is cut first: the same ids, read fast
         return dict(
             self.tokenizer(texts, padding=True, truncation="longest_first", max_length=max_length, return_tensors="pt")
         )
