@@ -397,18 +397,29 @@ class ContextualTransformer(InputModule):
         texts = list(texts)
         was_training = self.training
         self.eval()
-        order = np.argsort([-len(t) for t in texts], kind="stable")
-        chunks = []
-        starts = range(0, len(texts), batch_size)
-        for start in tqdm(starts, desc="Context (first stage)", disable=not show_progress_bar):
-            batch = [texts[i] for i in order[start : start + batch_size]]
-            features = {k: v.to(self.device) for k, v in self.preprocess_context(batch).items()}
-            chunks.append(self.embed_context_features(features).float())
+        batches = self.context_batches(texts, batch_size)
+        total = -(-len(texts) // batch_size)
+        done = list(tqdm(batches, total=total, desc="Context (first stage)", disable=not show_progress_bar))
         self.train(was_training)
-        if not chunks:
+        if not done:
             return torch.zeros(0, self.hidden_size, device=self.device)
-        vectors = torch.cat(chunks)
+        vectors = torch.cat([chunk for _, chunk in done])
+        order = np.concatenate([positions for positions, _ in done])
         return vectors[torch.as_tensor(np.argsort(order), device=vectors.device)]
+
+    @torch.inference_mode()
+    def context_batches(self, texts: Sequence[str], batch_size: int = 32) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+        """The first stage of :meth:`embed_context_texts` one batch at a time, longest texts first: yields (the
+        batch's positions in ``texts``, its (n, d2) float vectors). It leaves the module's mode alone (call it in
+        eval mode), so a caller may run other forwards between two batches (the server interleaves embeddings with
+        a large context's creation) and still get exactly the vectors :meth:`embed_context_texts` gives."""
+        texts = list(texts)
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        for start in range(0, len(texts), batch_size):
+            positions = order[start : start + batch_size]
+            features = self.preprocess_context([texts[i] for i in positions])
+            features = {k: v.to(self.device) for k, v in features.items()}
+            yield positions, self.embed_context_features(features).float()
 
     # ------------------------------------------------------------------ the active context
     @property
@@ -435,12 +446,23 @@ class ContextualTransformer(InputModule):
 
     def _embed_corpus(self, corpus, seed, prompt, batch_size, show_progress_bar):
         """:meth:`embed_context`, plus the sampled (prompted) documents, which set_context keeps."""
+        sampled, info = self.sample_corpus(corpus, seed, prompt)
+        vectors = self.embed_context_texts(sampled, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        return vectors, info, sampled
+
+    def sample_corpus(
+        self, corpus: Sequence[str], seed: int = 0, prompt: str | None = None, size: int | None = None
+    ) -> tuple[list[str], ContextInfo]:
+        """The prompted documents :meth:`embed_context` embeds and the :class:`ContextInfo` it returns, without
+        embedding them: ``size`` (default J, at most J) documents of the corpus as a set, sampled with ``seed``."""
+        size = self.context_size if size is None else size
+        if size > self.context_size:
+            raise ValueError(f"A context of {size} documents exceeds the model's {self.context_size} slots (J).")
         corpus = context_documents(corpus)  # the corpus as a set of documents, the rule of every route
         prompt = self.document_prompt if prompt is None else prompt
         # Position-free context rows (ours) read a set; cde-small-v2's rotary context rows read an order.
         keep_order = self.prefix_positions == "sequence"
-        sampled = [prompt + t for t in sample_context(corpus, self.context_size, seed, keep_order=keep_order)]
-        vectors = self.embed_context_texts(sampled, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        sampled = [prompt + t for t in sample_context(corpus, size, check_seed(seed), keep_order=keep_order)]
         info = ContextInfo(
             size=len(sampled),
             seed=seed,
@@ -449,7 +471,7 @@ class ContextualTransformer(InputModule):
             prompt=prompt,
             corpus_size=len(corpus),
         )
-        return vectors, info, sampled
+        return sampled, info
 
     def set_context(
         self,

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from cde_st.serving import context_errors
 from cde_st.serving.batching import DynamicBatcher, Overloaded
 from cde_st.serving.contexts import ContextStore, check_name
 from cde_st.serving.engine import Batch, Engine
@@ -52,6 +53,21 @@ def _json(status: int, body: dict, headers: dict | None = None) -> Response:
 
 def _error(error: ApiError) -> Response:
     return _json(error.status, error.body(), error.headers)
+
+
+# The HTTP status of each fault the context store and the engine report (first match wins).
+_CONTEXT_STATUSES = (
+    (context_errors.InvalidContextName, 400),
+    (context_errors.ContextTooLarge, 400),
+    (context_errors.ContextNotFound, 404),
+    (context_errors.NonFiniteEmbedding, 500),
+    (context_errors.ContextError, 409),  # exists, busy, reserved, made by another model, damaged
+)
+
+
+def _context_error(error: context_errors.ContextError) -> ApiError:
+    status = next(status for kind, status in _CONTEXT_STATUSES if isinstance(error, kind))
+    return ApiError(status, error.message, param=error.param, code=error.code)
 
 
 class _Service:
@@ -117,7 +133,9 @@ class _Service:
                 if authenticated:
                     self.check_key(request)
                 response = await handler(request, *args, **kwargs)
-            except ApiError as error:
+            except (ApiError, context_errors.ContextError) as error:
+                if isinstance(error, context_errors.ContextError):
+                    error = _context_error(error)
                 response = _error(error)
                 metrics.errors.labels(endpoint, error.code or error.type).inc()
             except Exception:
@@ -194,11 +212,8 @@ class _Service:
         body = parse_context(await self.read_json(request))
         self.store.reserve(body.name, body.replace)
         try:
-            loop = asyncio.get_running_loop()
-            # the first stage is a forward like any other: it runs in the model's one worker thread
-            context = await loop.run_in_executor(
-                self.engine.executor, self.engine.make_context, body.name, body.documents, body.size, body.seed
-            )
+            # the first stage runs in the model's worker one batch at a time, between embedding batches
+            context = await self.engine.create_context(body.name, body.documents, body.size, body.seed)
         except BaseException:
             self.store.release(body.name)
             raise
@@ -245,6 +260,8 @@ class _Service:
         return _json(200, {"status": "ok", "model": self.engine.served_name})
 
     async def prometheus(self, request: Request) -> Response:
+        if self.engine.contextual:
+            self.metrics.observe_context_cache(self.engine.cache_stats())
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
 

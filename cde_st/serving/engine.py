@@ -1,16 +1,22 @@
 """The served model: loading it, and the two things the server asks of it (embed a batch of texts with a context,
-embed a new context). Every call runs in :attr:`Engine.executor`, one worker thread, so forwards never block the
-event loop and never run two at a time (a second forward would only split the same cores, and the module's active
-context and key/value cache are one slot)."""
+embed a new context). Every forward runs in :attr:`Engine.executor`, one worker thread, so forwards never block the
+event loop and never run two at a time (a second forward would only split the same cores). A new context's first
+stage runs there one batch at a time (:meth:`Engine.create_context`), so embedding batches queued meanwhile run
+between its batches instead of waiting for the whole context.
+
+Contexts are switched through the library's own context (``restore_context`` with the first-stage weights'
+fingerprint taken once: the server never changes its weights, so a switch reads none of them), and the keys/values
+of cached attention are kept per context under a byte budget (:class:`~cde_st.serving.context_cache.
+ContextStateCache`), so alternating between contexts does not recompute them at each switch.
+"""
 
 from __future__ import annotations
 
-import atexit
+import asyncio
 import json
 import logging
 import os
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -22,16 +28,21 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
 from sentence_transformers.util import batch_to_device
 
-from cde_st.context import fingerprint_texts, sample_context
+from cde_st.context import ContextInfo
 from cde_st.model import ContextualSentenceTransformer, is_contextual
+from cde_st.modules.context_state import first_stage_fingerprint
 from cde_st.released import is_released_checkpoint, resolve_name
+from cde_st.serving.context_cache import CacheStats, ContextStateCache
+from cde_st.serving.context_errors import ContextTooLarge, NonFiniteEmbedding
 from cde_st.serving.contexts import DEFAULT_NAME, StoredContext
-from cde_st.serving.errors import ApiError
 from cde_st.serving.identity import model_identity
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: Default budget for the keys/values of contexts kept between switches (cached attention).
+CONTEXT_CACHE_BYTES = 256 * 1024 * 1024
+_NULL = "null context"  # the cache key of the null context (a contextual model served without one)
 
 
 @dataclass
@@ -77,7 +88,8 @@ def load_model(name_or_path: str, device: str | None = None) -> SentenceTransfor
 
 class Engine:
     """One model and its worker thread. ``model`` may be given already built (tests, benchmarks) instead of a
-    location."""
+    location. ``context_cache_bytes``: the budget for the keys/values of the contexts kept between switches.
+    Call :meth:`close` when done."""
 
     def __init__(
         self,
@@ -87,6 +99,8 @@ class Engine:
         dtype: str | None = None,
         served_name: str | None = None,
         max_batch_size: int = 32,
+        context_cache_bytes: int = CONTEXT_CACHE_BYTES,
+        context_batch_size: int = 32,
     ) -> None:
         location = model if isinstance(model, str) else None
         self.model = load_model(model, device=device) if isinstance(model, str) else model
@@ -103,25 +117,28 @@ class Engine:
         self.normalizes = any(isinstance(module, Normalize) for module in self.model)
         self.max_seq_length = int(self.model.max_seq_length)
         self.max_batch_size = max_batch_size
+        # set_context's first-stage batch size, so a server context is bit for bit the in-process one
+        self.context_batch_size = context_batch_size
         self.created = int(time.time())
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-model")
-        self._active: StoredContext | None = None
+        self.states = ContextStateCache(context_cache_bytes)
         self._model_context = self._saved_context()
-        self._active = self._model_context
+        self._active: StoredContext | str | None = None  # None: nothing activated yet; _NULL: the null context
         self._scopes = ExitStack()
         if self.contextual:
+            module = self.model.contextual_module
             # A server never changes its weights: one weights check for the engine's life (like one encode call),
             # so a batch does not re-read every weight to confirm the context is current (tens of ms with MiniLM,
             # as much as a one-text forward); later forwards only compare the parameters' version counters.
-            self._scopes.enter_context(self.model.contextual_module.one_weights_check())
-            # closed before interpreter teardown, when the scope's cleanup can still run
-            atexit.register(self._scopes.close)
+            self._scopes.enter_context(module.one_weights_check())
+            # What every served context's vectors belong to, read once: a switch then reads no weight.
+            self._weights = first_stage_fingerprint(module.first_stage, module.context_head, None)
+            self._null_vectors = torch.zeros(0, module.hidden_size)
 
     def close(self) -> None:
         """Stop the worker thread and end the engine's weights-check scope."""
         self.executor.shutdown(wait=True)
         self._scopes.close()
-        atexit.unregister(self._scopes.close)
 
     # ------------------------------------------------------------------ contexts
     @property
@@ -151,43 +168,74 @@ class Engine:
 
     def make_context(self, name: str, documents: list[str], size: int | None, seed: int) -> StoredContext:
         """Sample ``size`` (default J) documents with ``seed``, prompt them and run the first stage: what
-        ``model.set_context(documents, seed=seed)`` does in-process (same sample, same vectors, same fingerprint),
-        for any size up to J (fewer rows leave the remaining slots to the null context)."""
+        ``model.set_context(documents, seed=seed)`` does in-process (the library's sample, vectors, fingerprint and
+        corpus count), for any size up to J (fewer rows leave the remaining slots to the null context). Runs in the
+        calling thread; the server uses :meth:`create_context`."""
+        sampled, info = self._sample(documents, size, seed)
+        batches = list(self.model.contextual_module.context_batches(sampled, self.context_batch_size))
+        return self._stored(name, info, batches)
+
+    async def create_context(self, name: str, documents: list[str], size: int | None, seed: int) -> StoredContext:
+        """:meth:`make_context` for the server: the sampling off the event loop, then the first stage in the
+        worker one batch at a time, so embedding batches queued meanwhile run between two of its batches."""
+        sampled, info = await asyncio.to_thread(self._sample, documents, size, seed)
+        loop = asyncio.get_running_loop()
+        batches = self.model.contextual_module.context_batches(sampled, self.context_batch_size)
+        done = []
+        while (batch := await loop.run_in_executor(self.executor, next, batches, None)) is not None:
+            done.append(batch)
+        return self._stored(name, info, done)
+
+    def _sample(self, documents: list[str], size: int | None, seed: int) -> tuple[list[str], ContextInfo]:
         module = self.model.contextual_module
-        size = module.context_size if size is None else size
-        if size > module.context_size:
-            raise ApiError(
-                400,
-                f"size {size} exceeds the model's {module.context_size} context slots (J).",
-                param="size",
-                code="context_too_large",
-            )
-        prompt = module.document_prompt
-        # Rotary context rows (cde-small-v2) read an order, so they sample positions as set_context does.
-        keep_order = module.prefix_positions == "sequence"
-        sampled = [prompt + text for text in sample_context(documents, size, seed, keep_order=keep_order)]
-        vectors = module.embed_context_texts(sampled).detach().float().cpu().contiguous()
+        if size is not None and size > module.context_size:
+            raise ContextTooLarge(f"size {size} exceeds the model's {module.context_size} context slots (J).", "size")
+        return module.sample_corpus(documents, seed, size=size)
+
+    def _stored(self, name: str, info: ContextInfo, batches: list) -> StoredContext:
+        """The context of the first stage's ``batches`` (positions, vectors), back in sample order."""
+        if batches:
+            order = np.concatenate([positions for positions, _ in batches])
+            vectors = torch.cat([chunk for _, chunk in batches])[torch.as_tensor(np.argsort(order))]
+        else:
+            vectors = torch.zeros(0, self.dimension)
         return StoredContext(
             name=name,
-            fingerprint=fingerprint_texts(sampled),
-            size=size,
-            seed=seed,
-            vectors=vectors,
+            fingerprint=info.fingerprint,
+            size=info.size,
+            seed=info.seed,
+            vectors=vectors.detach().float().cpu().contiguous(),
             model_identity=self.identity,
-            corpus_size=len(documents),
+            corpus_size=info.corpus_size,
         )
 
     def _activate(self, context: StoredContext | None) -> None:
-        """Make ``context`` the module's active one, so its keys/values are computed once and reused by every
-        batch until another context is asked for (passing vectors per call would recompute them per batch)."""
-        if context is self._active and (context is None) == (self.model.context_info is None):
+        """Make ``context`` (None: the null context) the module's active one, with its keys/values if they are
+        kept, so they are computed once and reused by every batch (passing vectors per call would recompute them
+        per batch). The null context is a context of no vectors: every slot is the null vector, as without a
+        context, and no warning is given per batch."""
+        key = _NULL if context is None else context
+        if key is self._active:
             return
         module = self.model.contextual_module
-        if context is None:
-            module.clear_context()
-        else:
-            module.set_context(context.vectors)
-        self._active = context
+        vectors = self._null_vectors if context is None else context.vectors
+        fingerprint = "null" if context is None else context.fingerprint
+        info = ContextInfo(size=len(vectors), seed=None, fingerprint=fingerprint, source="vectors")
+        module.restore_context((vectors, info, None, self._weights))  # drops the previous keys/values
+        entry = self.states.get(key)
+        if entry is not None:
+            module.context_cache.entry = entry
+        self._active = key
+
+    def _keep_states(self) -> None:
+        """After a forward: keep the active context's keys/values (if cached attention made any)."""
+        entry = self.model.contextual_module.context_cache.entry
+        if entry is not None and self.states.get(self._active) is not entry:
+            self.states.put(self._active, entry, self.model.contextual_module.context_cache_bytes())
+
+    def cache_stats(self) -> CacheStats:
+        """The contexts whose keys/values are kept, their bytes, and the evictions so far."""
+        return self.states.stats()
 
     # ------------------------------------------------------------------ embedding
     def prompt_for(self, input_type: str | None) -> str:
@@ -209,10 +257,11 @@ class Engine:
         )
         if self.contextual:
             self._activate(context)
-        with warnings.catch_warnings():
-            # Serving a contextual model without a context is a choice the response states; no log line per batch.
-            warnings.simplefilter("ignore", UserWarning)
-            embeddings = self._forward(texts, prompt)
+        embeddings = self._forward(texts, prompt)
+        if self.contextual:
+            self._keep_states()
+        if not np.isfinite(embeddings).all():
+            raise NonFiniteEmbedding("The model gave NaN or infinite values for this batch; nothing is answered.")
         return Batch(embeddings, np.minimum(lengths, self.max_seq_length), lengths > self.max_seq_length)
 
     @torch.inference_mode()

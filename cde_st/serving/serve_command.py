@@ -47,6 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         help="texts that may wait; beyond it requests get 429 with Retry-After (default 1024)",
     )
+    p.add_argument(
+        "--context-cache-mb",
+        type=float,
+        default=256.0,
+        help="memory for the keys/values of contexts kept between switches, least recently used dropped first "
+        "(default 256 MiB; 0: recompute them at every switch)",
+    )
+    p.add_argument(
+        "--context-refresh-s",
+        type=float,
+        default=0.5,
+        help="how often a lookup checks the state directory for contexts other replicas wrote (default 0.5 s)",
+    )
     p.add_argument("--max-inputs", type=int, default=2048, help="texts per request (default 2048, as OpenAI)")
     p.add_argument("--max-body-mb", type=float, default=32.0, help="request body limit in MiB (default 32)")
     p.add_argument(
@@ -85,9 +98,10 @@ def main(argv: list[str] | None = None) -> None:
         dtype=args.dtype,
         served_name=args.served_model_name,
         max_batch_size=args.max_batch_size,
+        context_cache_bytes=int(max(args.context_cache_mb, 0) * 1024 * 1024),
     )
     try:
-        store = ContextStore(args.state_dir, engine.identity)
+        store = ContextStore(args.state_dir, engine.identity, refresh_seconds=max(args.context_refresh_s, 0.0))
     except RuntimeError as exc:
         sys.exit(str(exc))
     if engine.model_context is not None:
