@@ -24,12 +24,13 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cde_st.serving import context_errors
-from cde_st.serving.batching import DynamicBatcher, Overloaded
+from cde_st.serving.batching import DynamicBatcher, Overloaded, Unavailable
 from cde_st.serving.contexts import ContextStore, check_name
 from cde_st.serving.engine import Batch, Engine
 from cde_st.serving.errors import ApiError
 from cde_st.serving.metrics import Metrics
 from cde_st.serving.requests import check_content_type, parse_context, parse_embeddings, parse_json
+from cde_st.serving.tokens import Tokens
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ class Settings:
     max_queue: int = 1024
     max_inputs: int = 2048
     max_body_bytes: int = 32 * 1024 * 1024
+    max_batch_tokens: int | None = None
+    truncate: bool = False  # what a request without "truncate" gets: False refuses an over-long input (OpenAI)
 
 
 def _json(status: int, body: dict, headers: dict | None = None) -> Response:
@@ -85,12 +88,14 @@ class _Service:
             max_queue=settings.max_queue,
             on_batch=self.metrics.observe_batch,
             on_queue=self.metrics.queue_depth.set,
+            max_batch_tokens=settings.max_batch_tokens,
         )
+        self.ready = False  # the model answered a warm-up forward
         self.api_key = settings.api_key.encode("utf-8") if settings.api_key else None
 
-    def _forward(self, key, texts: list[str]) -> Batch:
+    def _forward(self, key, parts: list[Tokens]) -> Batch:
         started = time.perf_counter()
-        batch = self.engine.embed(texts, key[1], key[0])
+        batch = self.engine.embed_tokens(parts, key[0])
         self.metrics.forward_seconds.observe(time.perf_counter() - started)
         return batch
 
@@ -119,7 +124,10 @@ class _Service:
             if size > limit:
                 raise too_large
             chunks.append(chunk)
-        return parse_json(b"".join(chunks), content_type)
+        raw = b"".join(chunks)
+        if len(raw) < _PARSE_ON_LOOP_BYTES:
+            return parse_json(raw, content_type)
+        return await asyncio.to_thread(parse_json, raw, content_type)  # megabytes of JSON: off the event loop
 
     def route(self, endpoint: str, handler, authenticated: bool = True):
         """Count, time and error-wrap one endpoint; an ApiError becomes OpenAI's error body, anything else a 500
@@ -182,15 +190,7 @@ class _Service:
                 code="model_not_found",
             )
         context = self.resolve_context(body.context)
-        try:
-            batch: Batch = await self.batcher.submit((context, body.input_type), body.texts)
-        except Overloaded as exc:
-            raise ApiError(
-                429,
-                f"The server is overloaded: {exc}",
-                code="queue_full",
-                headers={"Retry-After": str(exc.retry_after)},
-            ) from None
+        batch: Batch = await _unless_disconnected(request, self._embed(body, context))
         rows = _embedding_rows(batch.embeddings, body.dimensions, engine.normalizes, body.encoding_format)
         tokens = int(batch.tokens.sum())
         self.metrics.texts.inc(len(rows))
@@ -205,6 +205,27 @@ class _Service:
         if context is not None:
             answer["context"] = {"name": context.name, "fingerprint": context.fingerprint}
         return _json(200, answer)
+
+    async def _embed(self, body, context) -> Batch:
+        """Tokenise (in the tokenizer thread), refuse an over-long input unless truncating, then batch."""
+        loop = asyncio.get_running_loop()
+        tokens = await loop.run_in_executor(
+            self.engine.tokenizer_executor, self.engine.tokenize, body.texts, body.input_type
+        )
+        truncate = self.settings.truncate if body.truncate is None else body.truncate
+        if not truncate and tokens.truncated.any():
+            raise _too_long(tokens, self.engine.max_seq_length, single=body.single)
+        try:
+            return await self.batcher.submit((context, body.input_type), tokens)
+        except Overloaded as exc:
+            raise ApiError(
+                429,
+                f"The server is overloaded: {exc}",
+                code="queue_full",
+                headers={"Retry-After": str(exc.retry_after)},
+            ) from None
+        except Unavailable as exc:
+            raise ApiError(503, str(exc), code="unavailable", headers={"Retry-After": str(exc.retry_after)}) from None
 
     # ------------------------------------------------------------------ /v1/contexts
     async def create_context(self, request: Request) -> Response:
@@ -276,6 +297,44 @@ def _embedding_rows(vectors, dimensions: int | None, normalizes: bool, encoding_
     if encoding_format == "base64":
         return [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
     return vectors.tolist()
+
+
+_PARSE_ON_LOOP_BYTES = 256 * 1024  # bodies above this are parsed in a thread, so other requests keep flowing
+
+
+def _too_long(tokens: Tokens, max_length: int, single: bool) -> ApiError:
+    """OpenAI's refusal of an input longer than the model reads, naming the first such input and its length."""
+    i = int(tokens.truncated.argmax())
+    where = "input" if single else f"input[{i}]"
+    length = f"at least {tokens.counted[i]}" if tokens.cut[i] else str(tokens.counted[i])
+    return ApiError(
+        400,
+        f"Invalid '{where}': maximum context length is {max_length} tokens, however it has {length} tokens. Shorten "
+        f'it, or send "truncate": true to embed its first {max_length} tokens.',
+        param=where,
+        code="context_length_exceeded",
+    )
+
+
+async def _unless_disconnected(request: Request, work):
+    """``work`` (a coroutine), cancelled if the client goes away first: a queued request then never reaches a
+    forward (the batcher skips cancelled requests). The body has been read, so the next ASGI message is the
+    disconnect."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        raise ApiError(499, "The client closed the connection.", code="client_closed")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_app(engine: Engine, store: ContextStore, settings: Settings | None = None) -> FastAPI:

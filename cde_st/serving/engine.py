@@ -36,6 +36,7 @@ from cde_st.serving.context_cache import CacheStats, ContextStateCache
 from cde_st.serving.context_errors import ContextTooLarge, NonFiniteEmbedding
 from cde_st.serving.contexts import DEFAULT_NAME, StoredContext
 from cde_st.serving.identity import model_identity
+from cde_st.serving.tokens import RequestTokenizer, Tokens
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class Engine:
         dtype: str | None = None,
         served_name: str | None = None,
         max_batch_size: int = 32,
+        max_batch_tokens: int | None = None,
         context_cache_bytes: int = CONTEXT_CACHE_BYTES,
         context_batch_size: int = 32,
     ) -> None:
@@ -116,7 +118,11 @@ class Engine:
         self.dimension = int(self.model.get_embedding_dimension())
         self.normalizes = any(isinstance(module, Normalize) for module in self.model)
         self.max_seq_length = int(self.model.max_seq_length)
-        self.max_batch_size = max_batch_size
+        self.max_batch_size, self.max_batch_tokens = max_batch_size, max_batch_tokens
+        # Requests are tokenised in their own thread, so the model's thread only pads and runs forwards.
+        prompts = [self.prompt_for(input_type) for input_type in (None, "query", "document")]
+        self.request_tokenizer = RequestTokenizer(self.model, self.max_seq_length, prompts)
+        self.tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-tokenize")
         # set_context's first-stage batch size, so a server context is bit for bit the in-process one
         self.context_batch_size = context_batch_size
         self.created = int(time.time())
@@ -136,7 +142,8 @@ class Engine:
             self._null_vectors = torch.zeros(0, module.hidden_size)
 
     def close(self) -> None:
-        """Stop the worker thread and end the engine's weights-check scope."""
+        """Stop the worker threads and end the engine's weights-check scope."""
+        self.tokenizer_executor.shutdown(wait=True)
         self.executor.shutdown(wait=True)
         self._scopes.close()
 
@@ -248,35 +255,38 @@ class Engine:
             return prompts.get(default, "") if default else ""
         return prompts.get(input_type, "")
 
+    def tokenize(self, texts: list[str], input_type: str | None) -> Tokens:
+        """One request's texts cut, counted and tokenised with the prompt of ``input_type``; run it in
+        :attr:`tokenizer_executor`, off the model's thread."""
+        return self.request_tokenizer.tokenize(texts, self.prompt_for(input_type))
+
     def embed(self, texts: list[str], input_type: str | None, context: StoredContext | None) -> Batch:
-        """One forward over ``texts`` (chunked at ``max_batch_size``) with ``context`` (None: the null context of a
-        contextual model, nothing for a plain one)."""
-        prompt = self.prompt_for(input_type)
-        lengths = np.array(
-            [len(ids) for ids in self.model.tokenizer([prompt + t for t in texts], truncation=False)["input_ids"]]
-        )
+        """:meth:`embed_tokens` of ``texts`` tokenised in the calling thread (scripts and tests)."""
+        return self.embed_tokens([self.tokenize(texts, input_type)], context)
+
+    def embed_tokens(self, parts: list[Tokens], context: StoredContext | None) -> Batch:
+        """The forwards of a batch of tokenised requests (``parts``, all with one prompt), chunked at
+        ``max_batch_size`` texts and ``max_batch_tokens`` tokens, with ``context`` (None: the null context of a
+        contextual model, nothing for a plain one); one row per text, requests in order."""
         if self.contextual:
             self._activate(context)
-        embeddings = self._forward(texts, prompt)
+        embeddings = self._forward(parts)
         if self.contextual:
             self._keep_states()
         if not np.isfinite(embeddings).all():
             raise NonFiniteEmbedding("The model gave NaN or infinite values for this batch; nothing is answered.")
-        return Batch(embeddings, np.minimum(lengths, self.max_seq_length), lengths > self.max_seq_length)
+        lengths = np.concatenate([part.lengths for part in parts])
+        return Batch(embeddings, lengths, np.concatenate([part.truncated for part in parts]))
 
     @torch.inference_mode()
-    def _forward(self, texts: list[str], prompt: str) -> np.ndarray:
-        """What ``model.encode(texts, prompt=prompt)`` computes (length-sorted chunks, the same preprocess and
+    def _forward(self, parts: list[Tokens]) -> np.ndarray:
+        """What ``model.encode(texts, prompt=prompt)`` computes (length-sorted chunks, the same features and
         forward), without its ``eval()`` call, which would start a new weights check per batch (see __init__)."""
-        order = np.argsort([-len(text) for text in texts], kind="stable")
-        ordered = [texts[i] for i in order]
-        chunks = []
-        for start in range(0, len(ordered), self.max_batch_size):
-            features = self.model.preprocess(ordered[start : start + self.max_batch_size], prompt=prompt)
+        embeddings = np.empty((sum(len(part) for part in parts), self.dimension), dtype=np.float32)
+        for positions, features in self.request_tokenizer.chunks(parts, self.max_batch_size, self.max_batch_tokens):
             features = batch_to_device(features, self.model.device)
-            chunks.append(self.model(features)["sentence_embedding"].float().cpu())
-        embeddings = torch.cat(chunks).numpy()[np.argsort(order)]
-        return np.ascontiguousarray(embeddings, dtype=np.float32)
+            embeddings[positions] = self.model(features)["sentence_embedding"].float().cpu().numpy()
+        return embeddings
 
 
 def _default_name(location: str) -> str:

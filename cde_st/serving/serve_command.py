@@ -60,6 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="how often a lookup checks the state directory for contexts other replicas wrote (default 0.5 s)",
     )
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="tokens per forward pass, counted with padding (texts times the longest); a longer request goes alone "
+        "(default: no limit beyond --max-batch-size)",
+    )
+    p.add_argument(
+        "--truncate",
+        action="store_true",
+        help="embed the first max_seq_length tokens of a longer input when a request does not say (default: refuse "
+        'it with 400, as OpenAI does; a request\'s "truncate" field decides for itself)',
+    )
     p.add_argument("--max-inputs", type=int, default=2048, help="texts per request (default 2048, as OpenAI)")
     p.add_argument("--max-body-mb", type=float, default=32.0, help="request body limit in MiB (default 32)")
     p.add_argument(
@@ -91,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty.")
     if args.max_batch_size < 1 or args.max_queue < 1 or args.max_inputs < 1 or args.max_wait_ms < 0:
         sys.exit("--max-batch-size, --max-queue and --max-inputs must be >= 1, --max-wait-ms >= 0.")
+    if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
+        sys.exit(f"--max-batch-tokens must be >= 1, got {args.max_batch_tokens}.")
 
     engine = Engine(
         args.model,
@@ -98,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         dtype=args.dtype,
         served_name=args.served_model_name,
         max_batch_size=args.max_batch_size,
+        max_batch_tokens=args.max_batch_tokens,
         context_cache_bytes=int(max(args.context_cache_mb, 0) * 1024 * 1024),
     )
     try:
@@ -115,6 +131,8 @@ def main(argv: list[str] | None = None) -> None:
         max_queue=args.max_queue,
         max_inputs=args.max_inputs,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_batch_tokens=args.max_batch_tokens,
+        truncate=args.truncate,
     )
     app = create_app(engine, store, settings)
 
