@@ -90,6 +90,7 @@ class _Service:
             on_queue=self.metrics.queue_depth.set,
             max_batch_tokens=settings.max_batch_tokens,
         )
+        engine.waiting = lambda: self.batcher.pending  # a context creation lets queued embeddings go first
         self.ready = False  # the model answered a warm-up forward
         self.api_key = settings.api_key.encode("utf-8") if settings.api_key else None
 

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: Default budget for the keys/values of contexts kept between switches (cached attention).
 CONTEXT_CACHE_BYTES = 256 * 1024 * 1024
+#: After each first-stage batch of a creation, queued embeddings may use up to this many times its duration first.
+CREATION_YIELD = 2.0
+#: First-stage documents per batch of a creation: small, so an embedding waits little behind one batch.
+CONTEXT_BATCH_SIZE = 8
 _NULL = "null context"  # the cache key of the null context (a contextual model served without one)
 
 
@@ -102,7 +107,7 @@ class Engine:
         max_batch_size: int = 32,
         max_batch_tokens: int | None = None,
         context_cache_bytes: int = CONTEXT_CACHE_BYTES,
-        context_batch_size: int = 32,
+        context_batch_size: int = CONTEXT_BATCH_SIZE,
     ) -> None:
         location = model if isinstance(model, str) else None
         self.model = load_model(model, device=device) if isinstance(model, str) else model
@@ -123,8 +128,11 @@ class Engine:
         prompts = [self.prompt_for(input_type) for input_type in (None, "query", "document")]
         self.request_tokenizer = RequestTokenizer(self.model, self.max_seq_length, prompts)
         self.tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-tokenize")
-        # set_context's first-stage batch size, so a server context is bit for bit the in-process one
+        # Smaller than set_context's 32 (an embedding then waits less behind one); the vectors differ from
+        # set_context's by rounding only (other padding), the sample and the fingerprint not at all.
         self.context_batch_size = context_batch_size
+        #: How many embedding texts are queued (the server sets it to its batcher's count); a creation yields to them.
+        self.waiting: Callable[[], int] = lambda: 0
         self.created = int(time.time())
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-model")
         self.states = ContextStateCache(context_cache_bytes)
@@ -184,14 +192,22 @@ class Engine:
 
     async def create_context(self, name: str, documents: list[str], size: int | None, seed: int) -> StoredContext:
         """:meth:`make_context` for the server: the sampling off the event loop, then the first stage in the
-        worker one batch at a time, so embedding batches queued meanwhile run between two of its batches."""
+        worker one batch at a time. Embeddings go first: after a batch that took t seconds, the next waits while
+        :attr:`waiting` says embedding texts are queued, for at most ``CREATION_YIELD`` x t, so a creation takes
+        at most about a third of the worker's time under load and an embedding waits at most one such batch."""
         sampled, info = await asyncio.to_thread(self._sample, documents, size, seed)
         loop = asyncio.get_running_loop()
         batches = self.model.contextual_module.context_batches(sampled, self.context_batch_size)
         done = []
-        while (batch := await loop.run_in_executor(self.executor, next, batches, None)) is not None:
+        while True:
+            started = time.perf_counter()
+            batch = await loop.run_in_executor(self.executor, next, batches, None)
+            if batch is None:
+                return self._stored(name, info, done)
             done.append(batch)
-        return self._stored(name, info, done)
+            deadline = time.perf_counter() + CREATION_YIELD * (time.perf_counter() - started)
+            while self.waiting() and time.perf_counter() < deadline:
+                await asyncio.sleep(0.002)
 
     def _sample(self, documents: list[str], size: int | None, seed: int) -> tuple[list[str], ContextInfo]:
         module = self.model.contextual_module

@@ -26,11 +26,14 @@ def engine(cde_dir) -> Engine:
     return Engine(ContextualSentenceTransformer(cde_dir), served_name="tiny-cde")
 
 
-def test_a_context_is_what_set_context_makes(engine, cde_model):
+def test_a_context_is_what_set_context_makes(engine, cde_dir, cde_model):
     made = engine.make_context("topics", TOPIC_DOCS, None, seed=4)
     vectors, info = cde_model.contextual_module.embed_context(TOPIC_DOCS, seed=4)
     assert made.fingerprint == info.fingerprint and made.size == info.size == 8 and made.corpus_size == 12
-    assert torch.equal(made.vectors, vectors.float().cpu())
+    assert torch.allclose(made.vectors, vectors.float().cpu(), atol=1e-5)  # smaller batches: other padding
+    in_batches_of_32 = Engine(ContextualSentenceTransformer(cde_dir), context_batch_size=32)
+    assert torch.equal(in_batches_of_32.make_context("topics", TOPIC_DOCS, None, seed=4).vectors, vectors.cpu())
+    in_batches_of_32.close()
     with pytest.raises(ContextTooLarge) as error:
         engine.make_context("big", TOPIC_DOCS, 9, seed=0)
     assert error.value.param == "size"
@@ -121,6 +124,9 @@ def test_a_creation_lets_embeddings_run_between_its_batches(cde_dir, monkeypatch
     first_stage = module.embed_context_features
     monkeypatch.setattr(module, "embed_context_features", lambda f: events.append("context") or first_stage(f))
 
+    asked = []
+    engine.waiting = lambda: asked.append(1) or 0  # queued embedding texts, which go first (none here)
+
     async def run():
         loop = asyncio.get_running_loop()
         creation = asyncio.ensure_future(engine.create_context("big", TOPIC_DOCS, None, seed=1))
@@ -134,6 +140,7 @@ def test_a_creation_lets_embeddings_run_between_its_batches(cde_dir, monkeypatch
     contexts = [i for i, event in enumerate(events) if event == "context"]
     assert len(contexts) == 4  # J = 8 documents, 2 per batch
     assert "embed" in events[contexts[0] : contexts[-1]]  # embeddings ran while the context was made
+    assert len(asked) >= 3  # between two batches, the creation asks whether embeddings are waiting
     expected = engine.make_context("big", TOPIC_DOCS, None, seed=1)
     assert made.fingerprint == expected.fingerprint and torch.equal(made.vectors, expected.vectors)
     engine.close()
