@@ -142,3 +142,38 @@ def test_batches_bounded_in_tokens_still_answer_each_request(start_server, cde_d
     assert min(len(cde_model.tokenizer(prompt + t)["input_ids"]) for t in texts) > 20
     assert float(metrics['cde_st_batch_size_texts_bucket{le="1.0"}']) == float(metrics["cde_st_batch_size_texts_count"])
     assert float(metrics["cde_st_batch_size_texts_count"]) >= len(texts)
+
+
+def test_deeply_nested_json_is_a_400(cde_server):
+    with cde_server.client() as http:
+        response = http.post("/v1/embeddings", content=b"[" * 100_000, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+def test_requests_of_clients_that_left_are_not_computed(start_server, cde_dir):
+    server = start_server(cde_dir, "--served-model-name", "tiny-cde", "--truncate")
+    big = {"model": "tiny-cde", "input": [f"xylophone quartz number {i} " * 3 for i in range(2048)]}
+    results = []
+
+    def ask_big():
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            results.append(http.post("/v1/embeddings", json=big).status_code)
+
+    started = time.perf_counter()
+    busy = [threading.Thread(target=ask_big) for _ in range(2)]  # the model thread is busy for a while
+    for thread in busy:
+        thread.start()
+    time.sleep(0.2)
+    gone = 0
+    for i in range(5):  # queued behind the big requests, then the client leaves
+        try:
+            httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny-cde", "input": ["left"] * 7}, timeout=0.1)
+        except httpx.TimeoutException:
+            gone += 1
+    for thread in busy:
+        thread.join(timeout=120)
+    print(f"2 x 2048 texts answered in {time.perf_counter() - started:.2f} s; {gone} clients left before an answer")
+    assert results == [200] * 2 and gone == 5
+    metrics = httpx.get(f"{server.url}/metrics").text
+    texts = next(line for line in metrics.splitlines() if line.startswith("cde_st_batch_size_texts_sum"))
+    assert float(texts.split()[-1]) == 2 * 2048  # none of the 5 x 7 texts of the clients that left
