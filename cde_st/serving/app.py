@@ -1,9 +1,10 @@
 """The HTTP routes: OpenAI's ``/v1/embeddings`` and ``/v1/models``, the context resources ``/v1/contexts``,
-``/health`` and ``/metrics``.
+``/health`` (alive), ``/ready`` (warmed up, not draining), ``/metrics``, and their description at ``/openapi.json``
+and ``/docs``.
 
 Bodies are read and validated here (not by FastAPI's models) so that every fault, including malformed JSON, a
 wrong content type and an oversized body, is answered in OpenAI's error shape with the status OpenAI would use.
-Every route but ``/health`` needs the API key when one is configured (``Authorization: Bearer KEY``, compared in
+Every route but ``/health``, ``/ready`` and the description needs the API key when one is configured (``Authorization: Bearer KEY``, compared in
 constant time).
 """
 
@@ -29,8 +30,10 @@ from cde_st.serving.contexts import ContextStore, check_name
 from cde_st.serving.engine import Batch, Engine
 from cde_st.serving.errors import ApiError
 from cde_st.serving.metrics import Metrics
+from cde_st.serving.openapi import route_docs
 from cde_st.serving.requests import check_content_type, parse_context, parse_embeddings, parse_json
 from cde_st.serving.tokens import Tokens
+from cde_st.serving.traffic import Traffic, TrafficState
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +94,7 @@ class _Service:
             max_batch_tokens=settings.max_batch_tokens,
         )
         engine.waiting = lambda: self.batcher.pending  # a context creation lets queued embeddings go first
-        self.ready = False  # the model answered a warm-up forward
+        self.warmed = False  # the model answered a warm-up forward
         self.api_key = settings.api_key.encode("utf-8") if settings.api_key else None
 
     def _forward(self, key, parts: list[Tokens]) -> Batch:
@@ -281,6 +284,21 @@ class _Service:
     async def health(self, request: Request) -> Response:
         return _json(200, {"status": "ok", "model": self.engine.served_name})
 
+    async def ready(self, request: Request) -> Response:
+        """200 once the model has answered a warm-up forward; 503 before, and while draining (the middleware
+        answers those), so a load balancer sends nothing to a replica that cannot answer yet."""
+        if not self.warmed:
+            raise ApiError(503, "The model is still loading.", code="not_ready", headers={"Retry-After": "1"})
+        return _json(200, {"status": "ready", "model": self.engine.served_name})
+
+    async def warm_up(self) -> None:
+        """One forward of one text, so the first request does not pay for lazy initialisation; then ready."""
+        loop = asyncio.get_running_loop()
+        tokens = await loop.run_in_executor(self.engine.tokenizer_executor, self.engine.tokenize, ["warm up"], None)
+        context = self.resolve_context(None)
+        await loop.run_in_executor(self.engine.executor, self.engine.embed_tokens, [tokens], context)
+        self.warmed = True
+
     async def prometheus(self, request: Request) -> Response:
         if self.engine.contextual:
             self.metrics.observe_context_cache(self.engine.cache_stats())
@@ -345,15 +363,18 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service.batcher.start()
+        await service.warm_up()
         try:
             yield
         finally:
             await service.batcher.stop()
             engine.close()
 
-    # The interactive docs would describe raw-body routes as schemaless; the request shapes are in docs/serving.md.
-    app = FastAPI(title="cde-st-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.engine, app.state.store = engine, store
+    # The routes read their own bodies; their request and answer shapes are given per route (openapi.py).
+    app = FastAPI(title="cde-st-serve", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.engine, app.state.store, app.state.service = engine, store, service
+    app.state.traffic = TrafficState()
+    app.add_middleware(Traffic, state=app.state.traffic)
     app.state.batcher, app.state.metrics = service.batcher, service.metrics
     routes = [
         ("POST", "/v1/embeddings", "embeddings", service.embeddings),
@@ -366,8 +387,11 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
         ("GET", "/metrics", "metrics", service.prometheus),
     ]
     for method, path, endpoint, handler in routes:
-        app.add_api_route(path, service.route(endpoint, handler), methods=[method])
-    app.add_api_route("/health", service.route("health", service.health, authenticated=False), methods=["GET"])
+        app.add_api_route(path, service.route(endpoint, handler), methods=[method], **route_docs(method, path))
+    for path, endpoint, handler in [("/health", "health", service.health), ("/ready", "ready", service.ready)]:
+        app.add_api_route(
+            path, service.route(endpoint, handler, authenticated=False), methods=["GET"], **route_docs("GET", path)
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
