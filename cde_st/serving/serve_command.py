@@ -87,6 +87,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="name of an environment variable holding the API key clients must send (default: no key)",
     )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=1000,
+        help="open connections and requests beyond which new ones get 503 at once (default 1000)",
+    )
+    p.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=30.0,
+        help="time a connection has to send a whole request (headers and body) after it opens or after the "
+        "previous answer; past it the connection is closed (default 30)",
+    )
+    p.add_argument(
+        "--keep-alive-s", type=int, default=5, help="an idle connection is closed after this long (default 5)"
+    )
+    p.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=30.0,
+        help="after SIGTERM, how long requests in flight may take to finish before the server exits anyway; new "
+        "requests get 503 meanwhile (default 30)",
+    )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every request (off: it costs throughput)")
     return p
@@ -100,10 +123,17 @@ def main(argv: list[str] | None = None) -> None:
         from cde_st.serving.app import Settings, create_app
     except ImportError as exc:
         sys.exit(f"cde-st-serve needs the serve extra: pip install 'cde_st[serve]' ({exc}).")
+    from cde_st.serving.connections import read_timeout_protocol
     from cde_st.serving.contexts import ContextStore
+    from cde_st.serving.draining import DrainingServer
     from cde_st.serving.engine import Engine
+    from cde_st.serving.traffic import RequestIdFilter
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+    )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdFilter())
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -111,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty.")
     if args.max_batch_size < 1 or args.max_queue < 1 or args.max_inputs < 1 or args.max_wait_ms < 0:
         sys.exit("--max-batch-size, --max-queue and --max-inputs must be >= 1, --max-wait-ms >= 0.")
+    if args.max_connections < 1 or args.read_timeout_s <= 0 or args.keep_alive_s < 1 or args.drain_timeout_s < 0:
+        sys.exit("--max-connections and --keep-alive-s must be >= 1, --read-timeout-s > 0, --drain-timeout-s >= 0.")
     if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
         sys.exit(f"--max-batch-tokens must be >= 1, got {args.max_batch_tokens}.")
     if args.workers != 1:
@@ -153,8 +185,31 @@ def main(argv: list[str] | None = None) -> None:
         f"http://{args.host}:{port}",
         flush=True,
     )
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log, timeout_graceful_shutdown=10)
-    uvicorn.Server(config).run(sockets=[sock])
+    _raise_open_files_limit(args.max_connections)
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        log_config=None,  # uvicorn's loggers go through the handler above, request id included
+        access_log=args.access_log,
+        http=read_timeout_protocol(args.read_timeout_s),
+        limit_concurrency=args.max_connections,
+        timeout_keep_alive=args.keep_alive_s,
+        timeout_graceful_shutdown=10,
+    )
+    DrainingServer(config, app.state.traffic, args.drain_timeout_s).run(sockets=[sock])
+
+
+def _raise_open_files_limit(connections: int) -> None:
+    """Let the process hold ``connections`` sockets beside its files: raise the soft limit toward the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < wanted:
+            logger.warning("Open files are limited to %d: fewer than --max-connections %d allows.", new, connections)
 
 
 def _workers(args: argparse.Namespace, argv: list[str]) -> int | str:
