@@ -95,6 +95,7 @@ class _Service:
         )
         engine.waiting = lambda: self.batcher.pending  # a context creation lets queued embeddings go first
         self.warmed = False  # the model answered a warm-up forward
+        self._warned_agents: set[str] = set()
         self.api_key = settings.api_key.encode("utf-8") if settings.api_key else None
 
     def _forward(self, key, parts: list[Tokens]) -> Batch:
@@ -208,7 +209,24 @@ class _Service:
         }
         if context is not None:
             answer["context"] = {"name": context.name, "fingerprint": context.fingerprint}
-        return _json(200, answer)
+        return _json(200, answer, self._input_type_warning(request, body.input_type))
+
+    def _input_type_warning(self, request: Request, input_type: str | None) -> dict | None:
+        """Without ``input_type`` a text is embedded as a document. OpenAI clients (LangChain's OpenAIEmbeddings,
+        LlamaIndex's OpenAIEmbedding) send the same body for queries, so a query would silently get the document
+        prompt: say so in a header on each such answer and once per client (User-Agent) in the log."""
+        if input_type is not None or self.engine.prompt_for("query") == self.engine.prompt_for(None):
+            return None
+        agent = request.headers.get("user-agent", "unknown")
+        if agent not in self._warned_agents and len(self._warned_agents) < 100:
+            self._warned_agents.add(agent)
+            logger.warning(
+                "Requests from %r give no input_type: they are embedded as documents (the model's default prompt). "
+                'Queries need "input_type": "query" (LangChain/LlamaIndex OpenAI embeddings: one object per '
+                "input type).",
+                agent,
+            )
+        return {"X-CDE-ST-Warning": _NO_INPUT_TYPE}
 
     async def _embed(self, body, context) -> Batch:
         """Tokenise (in the tokenizer thread), refuse an over-long input unless truncating, then batch."""
@@ -318,6 +336,7 @@ def _embedding_rows(vectors, dimensions: int | None, normalizes: bool, encoding_
     return vectors.tolist()
 
 
+_NO_INPUT_TYPE = 'no input_type: embedded as a document; send "input_type": "query" for queries'
 _PARSE_ON_LOOP_BYTES = 256 * 1024  # bodies above this are parsed in a thread, so other requests keep flowing
 
 

@@ -110,3 +110,19 @@ def test_half_open_connections_are_closed_and_health_answers(start_server, cde_d
     finally:
         for s in sockets:
             s.close()
+
+
+def test_a_request_without_input_type_is_warned_about(start_server, cde_dir):
+    """LangChain's and LlamaIndex's OpenAI embeddings send queries with the documents' body: no input_type. The
+    server says, in a header of each such answer and once per client in its log, that they were embedded as
+    documents."""
+    openai = pytest.importorskip("openai", reason="the tests' client (pip install -e '.[dev]')")
+    server = start_server(cde_dir, "--served-model-name", "tiny-cde", "--truncate")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    for _ in range(3):
+        silent = client.embeddings.with_raw_response.create(model="tiny-cde", input="what causes rain?")
+    said = client.embeddings.with_raw_response.create(
+        model="tiny-cde", input="what causes rain?", extra_body={"input_type": "query"}
+    )
+    assert "input_type" in silent.headers["x-cde-st-warning"] and "x-cde-st-warning" not in said.headers
+    assert server.output().count("embedded as documents") == 1
