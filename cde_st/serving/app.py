@@ -314,7 +314,11 @@ class _Service:
         loop = asyncio.get_running_loop()
         tokens = await loop.run_in_executor(self.engine.tokenizer_executor, self.engine.tokenize, ["warm up"], None)
         context = self.resolve_context(None)
-        await loop.run_in_executor(self.engine.executor, self.engine.embed_tokens, [tokens], context)
+        try:
+            await loop.run_in_executor(self.engine.executor, self.engine.embed_tokens, [tokens], context)
+        except Exception:  # e.g. a model giving NaN: the server still answers (errors), /ready says it is not ready
+            logger.exception("The warm-up forward failed: /ready answers 503.")
+            return
         self.warmed = True
 
     async def prometheus(self, request: Request) -> Response:
