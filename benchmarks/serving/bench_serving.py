@@ -198,7 +198,7 @@ def take_slice(m: tuple, total: dict, round_: int, texts: list[str], servers, mo
             total["seconds"] += server_forwards(engines[kind], chunk, args.forward_batch)
         total["texts"] += n
         return
-    body = {"model": "m", "encoding_format": "base64", "input_type": "document"}
+    body = {"model": "m", "encoding_format": "base64", "input_type": "document", "truncate": True}  # cut as encode cuts
     if kind == "cde":
         body["context"] = "default"
     url = servers[kind].url
