@@ -81,10 +81,15 @@ def _metric(url: str, name: str) -> float:
 
 
 def create_contexts(url: str, docs: list[str], n: int, size: int) -> list[str]:
+    """Contexts ctx-001 .. ctx-N (those already in the state directory of an earlier run are kept)."""
     names = []
     with httpx.Client(base_url=url, timeout=600) as client:
+        stored = {c["name"] for c in client.get("/v1/contexts").json()["data"] if c["size"] == size}
         for seed in range(1, n + 1):
             name = f"ctx-{seed:03d}"
+            if name in stored:
+                names.append(name)
+                continue
             body = {"name": name, "documents": docs, "size": size, "seed": seed, "replace": True}
             client.post("/v1/contexts", json=body).raise_for_status()
             names.append(name)
@@ -131,7 +136,7 @@ async def _warm(url: str, names: list[str]) -> None:
 
 async def _with_creation(url: str, queries: list[str], docs: list[str], seed: int, args):
     async with httpx.AsyncClient(base_url=url, timeout=1200) as client:
-        body = {"name": "big", "documents": docs, "seed": seed, "replace": True}
+        body = {"name": "big", "documents": docs, "seed": seed, "replace": True, "size": args.creation_size}
         t0 = time.perf_counter()
         creation = asyncio.ensure_future(client.post("/v1/contexts", json=body))
         await asyncio.sleep(0)
@@ -162,14 +167,16 @@ def creation(server, queries: list[str], args) -> list[dict]:
 
 
 def print_rows(rows: list[dict]) -> None:
-    print("| budget | contexts | texts | texts/s | p50 ms | p99 ms | texts/forward | kept contexts | kept MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    if any(r["row"] == "many contexts" for r in rows):
+        print("| budget | contexts | texts | texts/s | p50 ms | p99 ms | texts/forward | kept contexts | kept MB |")
+        print("|---|---|---|---|---|---|---|---|---|")
     for r in (r for r in rows if r["row"] == "many contexts"):
         print(f"| {r['budget_mb']} MiB | {r['contexts']} | {r['texts']} | {r['texts_per_s']:.1f} | {r['p50_ms']:.0f} | "
               f"{r['p99_ms']:.0f} | {r['texts_per_forward']:.1f} | {r['kept_contexts']:.0f} | "
               f"{r['kept_bytes'] / 2**20:.1f} |")  # fmt: skip
-    print("\n| load | requests | p50 ms | p99 ms | creation s |")
-    print("|---|---|---|---|---|")
+    if any(r["row"] == "creation" for r in rows):
+        print("\n| load | requests | p50 ms | p99 ms | creation s |")
+        print("|---|---|---|---|---|")
     for r in (r for r in rows if r["row"] == "creation"):
         print(f"| {r['load']} | {r['requests']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['creation_s']:.1f} |")
 
@@ -183,6 +190,8 @@ def add_arguments(p) -> None:
     p.add_argument("--clients-many", type=int, default=32, help="contexts: clients of the many-contexts row")
     p.add_argument("--creation-clients", type=int, default=8, help="contexts: clients during a creation")
     p.add_argument("--creation-docs", type=int, default=10000, help="contexts: documents sent to the creation")
+    p.add_argument("--creation-size", type=int, default=None, help="contexts: documents sampled (default: J)")
+    p.add_argument("--rows", nargs="+", choices=["many", "creation"], default=["many", "creation"])
 
 
 def run(folder: Path, work: Path, server_class, queries: list[str], args) -> None:
@@ -199,12 +208,16 @@ def run(folder: Path, work: Path, server_class, queries: list[str], args) -> Non
         names = create_contexts(servers[4096].url, corpus(200), args.contexts, args.context_docs)
         print(f"made {len(names)} contexts in {time.perf_counter() - t0:.0f} s", flush=True)
         time.sleep(1)  # the other replica sees them within its refresh interval
-        rows = many_contexts(servers, queries, names, args)
-        rows += creation(servers[4096], queries, args)
+        rows = []
+        if "many" in args.rows:
+            rows += many_contexts(servers, queries, names, args)
+            print_rows(rows)
+        if "creation" in args.rows:
+            rows += creation(servers[4096], queries, args)
+            print_rows([r for r in rows if r["row"] == "creation"])
     finally:
         for server in servers.values():
             server.stop()
-    print_rows(rows)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     out = work / f"results-contexts-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"args": vars(args), "results": rows}, indent=1))
