@@ -46,6 +46,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 CONTEXT_CACHE_BYTES = 256 * 1024 * 1024
 #: After each first-stage batch of a creation, queued embeddings may use up to this many times its duration first.
 CREATION_YIELD = 2.0
+#: Embeddings count as under way for this many seconds after a forward (the gap before a client's next request).
+EMBEDDING_GAP = 0.05
 #: First-stage documents per batch of a creation: small, so an embedding waits little behind one batch.
 CONTEXT_BATCH_SIZE = 8
 _NULL = "null context"  # the cache key of the null context (a contextual model served without one)
@@ -133,6 +135,7 @@ class Engine:
         self.context_batch_size = context_batch_size
         #: How many embedding texts are queued (the server sets it to its batcher's count); a creation yields to them.
         self.waiting: Callable[[], int] = lambda: 0
+        self.last_forward = float("-inf")  # when the last embedding forward ended (perf_counter)
         self.created = int(time.time())
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-model")
         self.states = ContextStateCache(context_cache_bytes)
@@ -193,8 +196,10 @@ class Engine:
     async def create_context(self, name: str, documents: list[str], size: int | None, seed: int) -> StoredContext:
         """:meth:`make_context` for the server: the sampling off the event loop, then the first stage in the
         worker one batch at a time. Embeddings go first: after a batch that took t seconds, the next waits while
-        :attr:`waiting` says embedding texts are queued, for at most ``CREATION_YIELD`` x t, so a creation takes
-        at most about a third of the worker's time under load and an embedding waits at most one such batch."""
+        embeddings are under way (:attr:`waiting` says texts are queued, or a forward ended less than
+        ``EMBEDDING_GAP`` s ago: clients send their next request right after an answer), for at most
+        ``CREATION_YIELD`` x t; so under load a creation takes about a third of the worker's time and an embedding
+        waits at most one such batch, and without load it runs at full speed."""
         sampled, info = await asyncio.to_thread(self._sample, documents, size, seed)
         loop = asyncio.get_running_loop()
         batches = self.model.contextual_module.context_batches(sampled, self.context_batch_size)
@@ -206,7 +211,9 @@ class Engine:
                 return self._stored(name, info, done)
             done.append(batch)
             deadline = time.perf_counter() + CREATION_YIELD * (time.perf_counter() - started)
-            while self.waiting() and time.perf_counter() < deadline:
+            while time.perf_counter() < deadline and (
+                self.waiting() or time.perf_counter() - self.last_forward < EMBEDDING_GAP
+            ):
                 await asyncio.sleep(0.002)
 
     def _sample(self, documents: list[str], size: int | None, seed: int) -> tuple[list[str], ContextInfo]:
@@ -287,6 +294,7 @@ class Engine:
         if self.contextual:
             self._activate(context)
         embeddings = self._forward(parts)
+        self.last_forward = time.perf_counter()
         if self.contextual:
             self._keep_states()
         if not np.isfinite(embeddings).all():
