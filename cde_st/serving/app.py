@@ -230,10 +230,13 @@ class _Service:
 
     async def _embed(self, body, context) -> Batch:
         """Tokenise (in the tokenizer thread), refuse an over-long input unless truncating, then batch."""
-        loop = asyncio.get_running_loop()
-        tokens = await loop.run_in_executor(
-            self.engine.tokenizer_executor, self.engine.tokenize, body.texts, body.input_type
-        )
+        if sum(map(len, body.texts)) <= _INLINE_TOKENIZE_CHARS:
+            tokens = self.engine.tokenize_inline(body.texts, body.input_type)  # well under a millisecond
+        else:
+            loop = asyncio.get_running_loop()
+            tokens = await loop.run_in_executor(
+                self.engine.tokenizer_executor, self.engine.tokenize, body.texts, body.input_type
+            )
         truncate = self.settings.truncate if body.truncate is None else body.truncate
         if not truncate and tokens.truncated.any():
             raise _too_long(tokens, self.engine.max_seq_length, single=body.single)
@@ -341,6 +344,7 @@ def _embedding_rows(vectors, dimensions: int | None, normalizes: bool, encoding_
 
 
 _NO_INPUT_TYPE = 'no input_type: embedded as a document; send "input_type": "query" for queries'
+_INLINE_TOKENIZE_CHARS = 2048  # a request of at most this many characters is tokenised on the event loop
 _PARSE_ON_LOOP_BYTES = 256 * 1024  # bodies above this are parsed in a thread, so other requests keep flowing
 
 

@@ -130,6 +130,9 @@ class Engine:
         # Requests are tokenised in their own thread, so the model's thread only pads and runs forwards.
         prompts = [self.prompt_for(input_type) for input_type in (None, "query", "document")]
         self.request_tokenizer = RequestTokenizer(self.model, self.max_seq_length, prompts)
+        # A second copy for short requests, tokenised where they arrive (the event loop): a thread hop per query
+        # costs more than its tokenising, and two threads never share one fast tokenizer.
+        self.inline_tokenizer = RequestTokenizer(self.model, self.max_seq_length, prompts)
         self.tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-tokenize")
         # Smaller than set_context's 32 (an embedding then waits less behind one); the vectors differ from
         # set_context's by rounding only (other padding), the sample and the fingerprint not at all.
@@ -283,6 +286,10 @@ class Engine:
         """One request's texts cut, counted and tokenised with the prompt of ``input_type``; run it in
         :attr:`tokenizer_executor`, off the model's thread."""
         return self.request_tokenizer.tokenize(texts, self.prompt_for(input_type))
+
+    def tokenize_inline(self, texts: list[str], input_type: str | None) -> Tokens:
+        """:meth:`tokenize` for a short request, in the event loop's thread (its own tokenizer copy)."""
+        return self.inline_tokenizer.tokenize(texts, self.prompt_for(input_type))
 
     def embed(self, texts: list[str], input_type: str | None, context: StoredContext | None) -> Batch:
         """:meth:`embed_tokens` of ``texts`` tokenised in the calling thread (scripts and tests)."""

@@ -1,6 +1,7 @@
 """Tokenising a request before it reaches the model's thread, and the features of a forward built from requests.
 
-A request is tokenised when it arrives, in the engine's tokenizer thread (:class:`RequestTokenizer`): its texts
+A request is tokenised when it arrives (:class:`RequestTokenizer`; a short one on the event loop, a longer one in
+the engine's tokenizer thread, each with its own tokenizer copy): its texts
 are first cut by :func:`cde_st.text_bounds.bound_text` (a 5 MB text costs a few KB of tokenising and memory), then
 counted (how many tokens each has, so an over-long input is refused or reported as truncated without a second
 tokenising of the whole text) and turned into the model's features. The model's thread only pads the features of
