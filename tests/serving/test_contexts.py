@@ -253,7 +253,7 @@ def _embed(server, name: str, texts: list[str]) -> np.ndarray:
     with server.client() as client:
         response = client.post(
             "/v1/embeddings",
-            json={"model": "tiny-cde", "input": texts, "context": name, "encoding_format": "base64"},
+            json={"model": "tiny-cde", "input": texts, "context": name, "encoding_format": "base64", "truncate": True},
         )
     assert response.status_code == 200, response.text
     return np.stack([np.frombuffer(base64.b64decode(r["embedding"]), dtype="<f4") for r in response.json()["data"]])
