@@ -160,20 +160,20 @@ def test_requests_of_clients_that_left_are_not_computed(start_server, cde_dir):
             results.append(http.post("/v1/embeddings", json=big).status_code)
 
     started = time.perf_counter()
-    busy = [threading.Thread(target=ask_big) for _ in range(2)]  # the model thread is busy for a while
+    busy = [threading.Thread(target=ask_big) for _ in range(3)]  # the model thread is busy for a while
     for thread in busy:
         thread.start()
-    time.sleep(0.2)
+    time.sleep(1.5)  # the big requests are tokenised and queued, the first one in a forward
     gone = 0
-    for i in range(5):  # queued behind the big requests, then the client leaves
+    for _ in range(5):  # queued behind the big requests, then the client leaves
         try:
             httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny-cde", "input": ["left"] * 7}, timeout=0.1)
         except httpx.TimeoutException:
             gone += 1
     for thread in busy:
         thread.join(timeout=120)
-    print(f"2 x 2048 texts answered in {time.perf_counter() - started:.2f} s; {gone} clients left before an answer")
-    assert results == [200] * 2 and gone == 5
+    print(f"3 x 2048 texts answered in {time.perf_counter() - started:.2f} s; {gone} clients left before an answer")
+    assert results == [200] * 3 and gone >= 1
     metrics = httpx.get(f"{server.url}/metrics").text
     texts = next(line for line in metrics.splitlines() if line.startswith("cde_st_batch_size_texts_sum"))
-    assert float(texts.split()[-1]) == 2 * 2048  # none of the 5 x 7 texts of the clients that left
+    assert float(texts.split()[-1]) == 3 * 2048 + 7 * (5 - gone)  # no text of a client that left
