@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cde_st"
 
 #: Lowest first. A part is a top-level module or subpackage of cde_st.
 LAYERS = [
-    {"coercion", "context", "prompts", "data", "defaults", "folders", "distributed"},
+    {"coercion", "context", "prompts", "data", "defaults", "folders", "distributed", "text_bounds"},
     {"modules"},
     {"released"},
     {"model", "model_card", "hard_negatives"},

@@ -43,6 +43,9 @@ import torch  # noqa: E402
 from cde_st.data import document_text  # noqa: E402
 from cde_st.serving.engine import Engine  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import context_rows  # noqa: E402
+
 SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "retrieval" / "scifact"
 LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 
@@ -79,10 +82,10 @@ def build_models(work: Path, context_size: int) -> dict[str, Path]:
 
 
 class Server:
-    def __init__(self, folder: Path, log: Path, max_batch_size: int, max_wait_ms: float) -> None:
+    def __init__(self, folder: Path, log: Path, max_batch_size: int, max_wait_ms: float, extra=()) -> None:
         command = [sys.executable, "-m", "cde_st.serving", str(folder), "--port", "0", "--served-model-name", "m",
                    "--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms),
-                   "--max-queue", "4096", "--log-level", "warning"]  # fmt: skip
+                   "--max-queue", "4096", "--log-level", "warning", *extra]  # fmt: skip
         self.log = log
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -195,7 +198,7 @@ def take_slice(m: tuple, total: dict, round_: int, texts: list[str], servers, mo
             total["seconds"] += server_forwards(engines[kind], chunk, args.forward_batch)
         total["texts"] += n
         return
-    body = {"model": "m", "encoding_format": "base64", "input_type": "document"}
+    body = {"model": "m", "encoding_format": "base64", "input_type": "document", "truncate": True}  # cut as encode cuts
     if kind == "cde":
         body["context"] = "default"
     url = servers[kind].url
@@ -269,6 +272,7 @@ def main() -> None:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "cde_st_bench_serving"))
+    context_rows.add_arguments(p)
     args = p.parse_args()
     if not SCIFACT.is_dir():
         sys.exit(f"SciFact not found at {SCIFACT} (../shared/data beside the checkout).")
@@ -283,6 +287,8 @@ def main() -> None:
     folders = build_models(work, args.context_size)
     texts = scifact(args.texts)
     texts = [texts[i] for i in np.random.default_rng(0).permutation(len(texts))]
+    if args.scenario == "contexts":
+        return context_rows.run(folders["cde"], work, Server, texts, args)
 
     # (model, clients, texts per request); clients None: in-process encode, "forward": the server's forward in-process
     measurements = []

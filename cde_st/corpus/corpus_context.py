@@ -24,7 +24,14 @@ from cde_st.context import fingerprint_array, fingerprint_texts
 from cde_st.corpus.shards import write_atomically
 from cde_st.model import contextual_module, is_contextual
 
-__all__ = ["CONTEXT_FILE", "CorpusContext", "embed_sampled_context", "given_context", "read_context_file"]
+__all__ = [
+    "SERVE_METADATA_KEY",
+    "CONTEXT_FILE",
+    "CorpusContext",
+    "embed_sampled_context",
+    "given_context",
+    "read_context_file",
+]
 
 #: The file the job keeps its context in, beside the manifest.
 CONTEXT_FILE = "context.safetensors"

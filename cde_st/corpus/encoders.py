@@ -16,7 +16,7 @@ import torch
 
 from cde_st.model import is_contextual
 
-__all__ = ["DocumentEncoder", "document_prompt"]
+__all__ = ["DOCUMENT_PROMPT_NAMES", "DocumentEncoder", "document_prompt"]
 
 #: The prompt names sentence-transformers' ``encode_document`` looks for, in its order.
 DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")

@@ -31,7 +31,16 @@ from cde_st.corpus.manifest import ForeignOutputError, read_manifest, write_mani
 from cde_st.corpus.shards import read_shard, write_atomically
 from cde_st.model import is_contextual
 
-__all__ = ["EXACT_MAX", "IVF_FLAT_MAX", "build_index", "choose_index", "search_index"]
+__all__ = [
+    "INDEX_FILE",
+    "IDS_FILE",
+    "TRAIN_PER_LIST",
+    "EXACT_MAX",
+    "IVF_FLAT_MAX",
+    "build_index",
+    "choose_index",
+    "search_index",
+]
 
 INDEX_FILE = "index.faiss"
 IDS_FILE = "index_ids.parquet"

@@ -43,7 +43,7 @@ from cde_st.corpus.shards import DTYPES, TEMP_PREFIX, shard_bytes, shard_name, s
 from cde_st.model import context_prompt, is_contextual
 from cde_st.serving.identity import model_identity
 
-__all__ = ["embed_corpus", "finished_shards"]
+__all__ = ["READ_BATCH", "embed_corpus", "finished_shards"]
 
 logger = logging.getLogger(__name__)
 

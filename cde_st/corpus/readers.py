@@ -28,7 +28,7 @@ from typing import Any
 
 from cde_st.data import DataError, document_text, find_jsonl
 
-__all__ = ["CorpusBatch", "CorpusReader", "ID_FIELDS", "corpus_kind"]
+__all__ = ["TABLE_BATCH_ROWS", "CorpusBatch", "CorpusReader", "ID_FIELDS", "corpus_kind"]
 
 #: The id fields looked for, in this order, when none is named: BEIR's ``_id``, then ``id``.
 ID_FIELDS = ("_id", "id")

@@ -17,7 +17,7 @@ from cde_st.corpus.context_sample import BottomKSample
 from cde_st.corpus.duplicate_ids import DuplicateIds
 from cde_st.corpus.readers import CorpusReader
 
-__all__ = ["ScanResult", "scan_corpus"]
+__all__ = ["SCAN_BATCH", "ScanResult", "scan_corpus"]
 
 #: Records per batch of the scan (memory per batch only).
 SCAN_BATCH = 4096

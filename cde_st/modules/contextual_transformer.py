@@ -45,6 +45,7 @@ from cde_st.modules.context_attention import ContextKVCache, encode_with_context
 from cde_st.modules.context_state import ActiveContext, context_arguments, validate_context_vectors
 from cde_st.modules.contextual_config import CONFIG_FILE, ContextualConfig, config_field, field_names
 from cde_st.modules.encoders import build_encoder
+from cde_st.modules.first_stage_batches import in_input_order, longest_first
 from cde_st.modules.freshness import WeightsCheck, embedding_fingerprint, first_stage_fingerprint
 from cde_st.modules.heads import build_added_parameters, instruction_token_id, mean_pool, pool_mask
 from cde_st.modules.model_prompts import ModelPrompts, prompt_property
@@ -56,6 +57,7 @@ from cde_st.modules.source_pipeline import (
     load_source_encoders,
     starts_as_source_layers,
 )
+from cde_st.text_bounds import bound_texts
 
 # STARTS_AS_SOURCE and starts_as_source_layers live with the source encoder (importable from here as before).
 __all__ = ["STARTS_AS_SOURCE", "STARTS_AS_SOURCE_READING_LAYERS", "ContextualTransformer", "starts_as_source_layers"]
@@ -165,13 +167,9 @@ class ContextualTransformer(InputModule):
         "Token limit of second-stage inputs (queries/documents); longer inputs are truncated.",
         "second_stage",
     )
-    context_max_seq_length = config_field(
-        "context_max_seq_length", "Token limit of first-stage (context) documents.", "first_stage"
-    )
+    context_max_seq_length = config_field("context_max_seq_length", "Token limit of context documents.", "first_stage")
     # A record only (a load-time choice, like transformers'): the encoders keep the kernel they were built with.
-    attn_implementation = config_field(
-        "attn_implementation", "The attention kernel setting the module was built with (and saves)."
-    )
+    attn_implementation = config_field("attn_implementation", "The attention kernel the module was built with.")
 
     @property
     def device(self) -> torch.device:
@@ -198,6 +196,7 @@ class ContextualTransformer(InputModule):
 
     # ------------------------------------------------------------------ tokenisation
     def _tokenize(self, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+        texts = bound_texts(texts, max_length, self.tokenizer)  # a long text is cut first: the same ids, read fast
         return dict(
             self.tokenizer(texts, padding=True, truncation="longest_first", max_length=max_length, return_tensors="pt")
         )
@@ -229,21 +228,22 @@ class ContextualTransformer(InputModule):
         self, texts: Sequence[str], batch_size: int = 32, show_progress_bar: bool | None = None
     ) -> torch.Tensor:
         """First stage on raw (already prompted) texts, batched, without grad: -> (n, d2)."""
-        texts = list(texts)
-        was_training = self.training
+        texts, was_training = list(texts), self.training
         self.eval()
-        order = np.argsort([-len(t) for t in texts], kind="stable")
-        chunks = []
-        starts = range(0, len(texts), batch_size)
-        for start in tqdm(starts, desc="Context (first stage)", disable=not show_progress_bar):
-            batch = [texts[i] for i in order[start : start + batch_size]]
-            features = {k: v.to(self.device) for k, v in self.preprocess_context(batch).items()}
-            chunks.append(self.embed_context_features(features).float())
+        batches = self.context_batches(texts, batch_size)
+        total = -(-len(texts) // batch_size)
+        done = list(tqdm(batches, total=total, desc="Context (first stage)", disable=not show_progress_bar))
         self.train(was_training)
-        if not chunks:
-            return torch.zeros(0, self.hidden_size, device=self.device)
-        vectors = torch.cat(chunks)
-        return vectors[torch.as_tensor(np.argsort(order), device=vectors.device)]
+        return in_input_order(done, self.hidden_size, self.device)
+
+    @torch.inference_mode()
+    def context_batches(self, texts: Sequence[str], batch_size: int = 32) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+        """:meth:`embed_context_texts` one batch at a time (positions in ``texts``, (n, d2) vectors), the module's
+        mode left alone: a caller may run other forwards between two batches (the server does while it creates a
+        large context) and still get exactly the vectors :meth:`embed_context_texts` gives."""
+        for positions, batch in longest_first(list(texts), batch_size):
+            features = {k: v.to(self.device) for k, v in self.preprocess_context(batch).items()}
+            yield positions, self.embed_context_features(features).float()
 
     # ------------------------------------------------------------------ the active context
     @property
@@ -262,19 +262,22 @@ class ContextualTransformer(InputModule):
         seed: int = 0,
         prompt: str | None = None,
         batch_size: int = 32,
-        show_progress_bar: bool | None = None,
+        show_progress_bar=None,
     ) -> tuple[torch.Tensor, ContextInfo]:
         """Sample J documents of ``corpus`` (seeded), prefix them, and embed them with the first stage."""
-        return self._embed_corpus(corpus, seed, prompt, batch_size, show_progress_bar)[:2]
+        sampled, info = self.sample_corpus(corpus, seed, prompt)
+        return self.embed_context_texts(sampled, batch_size=batch_size, show_progress_bar=show_progress_bar), info
 
-    def _embed_corpus(self, corpus, seed, prompt, batch_size, show_progress_bar):
-        """:meth:`embed_context`, plus the sampled (prompted) documents, which set_context keeps."""
-        prompt = self.document_prompt if prompt is None else prompt
+    def sample_corpus(
+        self, corpus: Sequence[str], seed: int = 0, prompt: str | None = None, size: int | None = None
+    ) -> tuple[list[str], ContextInfo]:
+        """The prompted documents :meth:`embed_context` embeds and the :class:`ContextInfo` it returns, without
+        embedding them: ``size`` (default J, at most J) documents of the corpus as a set, sampled with ``seed``."""
+        size, prompt = self.context_size if size is None else size, self.document_prompt if prompt is None else prompt
+        if size > self.context_size:
+            raise ValueError(f"A context of {size} documents exceeds the model's {self.context_size} slots (J).")
         # Position-free context rows (ours) read a set; cde-small-v2's rotary context rows read an order.
-        keep_order = self.prefix_positions == "sequence"
-        sampled, info = sample_prompted_context(corpus, self.context_size, seed, prompt, keep_order=keep_order)
-        vectors = self.embed_context_texts(sampled, batch_size=batch_size, show_progress_bar=show_progress_bar)
-        return vectors, info, sampled
+        return sample_prompted_context(corpus, size, check_seed(seed), prompt, self.prefix_positions == "sequence")
 
     def set_context(
         self,
@@ -299,7 +302,8 @@ class ContextualTransformer(InputModule):
             vectors, texts = self.validate_context_vectors(context).detach(), None
             info = vectors_context_info(vectors.cpu().numpy())
         else:
-            vectors, info, texts = self._embed_corpus(context, check_seed(seed), prompt, batch_size, show_progress_bar)
+            texts, info = self.sample_corpus(context, check_seed(seed), prompt)
+            vectors = self.embed_context_texts(texts, batch_size=batch_size, show_progress_bar=show_progress_bar)
         self._activate_context(vectors, info, texts)
         return info
 

@@ -1,9 +1,10 @@
 """The HTTP routes: OpenAI's ``/v1/embeddings`` and ``/v1/models``, the context resources ``/v1/contexts``,
-``/health`` and ``/metrics``.
+``/health`` (alive), ``/ready`` (warmed up, not draining), ``/metrics``, and their description at ``/openapi.json``
+and ``/docs``.
 
 Bodies are read and validated here (not by FastAPI's models) so that every fault, including malformed JSON, a
 wrong content type and an oversized body, is answered in OpenAI's error shape with the status OpenAI would use.
-Every route but ``/health`` needs the API key when one is configured (``Authorization: Bearer KEY``, compared in
+Every route but ``/health``, ``/ready`` and the description needs the API key when one is configured (``Authorization: Bearer KEY``, compared in
 constant time).
 """
 
@@ -23,12 +24,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cde_st.serving.batching import DynamicBatcher, Overloaded
+from cde_st.serving import context_errors
+from cde_st.serving.batching import DynamicBatcher, Overloaded, Unavailable
 from cde_st.serving.contexts import ContextStore, check_name
 from cde_st.serving.engine import Batch, Engine
 from cde_st.serving.errors import ApiError
 from cde_st.serving.metrics import Metrics
+from cde_st.serving.openapi import route_docs
 from cde_st.serving.requests import check_content_type, parse_context, parse_embeddings, parse_json
+from cde_st.serving.tokens import Tokens
+from cde_st.serving.traffic import Traffic, TrafficState
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +46,8 @@ class Settings:
     max_queue: int = 1024
     max_inputs: int = 2048
     max_body_bytes: int = 32 * 1024 * 1024
+    max_batch_tokens: int | None = None
+    truncate: bool = False  # what a request without "truncate" gets: False refuses an over-long input (OpenAI)
 
 
 def _json(status: int, body: dict, headers: dict | None = None) -> Response:
@@ -52,6 +59,21 @@ def _json(status: int, body: dict, headers: dict | None = None) -> Response:
 
 def _error(error: ApiError) -> Response:
     return _json(error.status, error.body(), error.headers)
+
+
+# The HTTP status of each fault the context store and the engine report (first match wins).
+_CONTEXT_STATUSES = (
+    (context_errors.InvalidContextName, 400),
+    (context_errors.ContextTooLarge, 400),
+    (context_errors.ContextNotFound, 404),
+    (context_errors.NonFiniteEmbedding, 500),
+    (context_errors.ContextError, 409),  # exists, busy, reserved, made by another model, damaged
+)
+
+
+def _context_error(error: context_errors.ContextError) -> ApiError:
+    status = next(status for kind, status in _CONTEXT_STATUSES if isinstance(error, kind))
+    return ApiError(status, error.message, param=error.param, code=error.code)
 
 
 class _Service:
@@ -69,12 +91,16 @@ class _Service:
             max_queue=settings.max_queue,
             on_batch=self.metrics.observe_batch,
             on_queue=self.metrics.queue_depth.set,
+            max_batch_tokens=settings.max_batch_tokens,
         )
+        engine.waiting = lambda: self.batcher.pending  # a context creation lets queued embeddings go first
+        self.warmed = False  # the model answered a warm-up forward
+        self._warned_agents: set[str] = set()
         self.api_key = settings.api_key.encode("utf-8") if settings.api_key else None
 
-    def _forward(self, key, texts: list[str]) -> Batch:
+    def _forward(self, key, parts: list[Tokens]) -> Batch:
         started = time.perf_counter()
-        batch = self.engine.embed(texts, key[1], key[0])
+        batch = self.engine.embed_tokens(parts, key[0])
         self.metrics.forward_seconds.observe(time.perf_counter() - started)
         return batch
 
@@ -103,7 +129,10 @@ class _Service:
             if size > limit:
                 raise too_large
             chunks.append(chunk)
-        return parse_json(b"".join(chunks), content_type)
+        raw = b"".join(chunks)
+        if len(raw) < _PARSE_ON_LOOP_BYTES:
+            return parse_json(raw, content_type)
+        return await asyncio.to_thread(parse_json, raw, content_type)  # megabytes of JSON: off the event loop
 
     def route(self, endpoint: str, handler, authenticated: bool = True):
         """Count, time and error-wrap one endpoint; an ApiError becomes OpenAI's error body, anything else a 500
@@ -117,7 +146,9 @@ class _Service:
                 if authenticated:
                     self.check_key(request)
                 response = await handler(request, *args, **kwargs)
-            except ApiError as error:
+            except (ApiError, context_errors.ContextError) as error:
+                if isinstance(error, context_errors.ContextError):
+                    error = _context_error(error)
                 response = _error(error)
                 metrics.errors.labels(endpoint, error.code or error.type).inc()
             except Exception:
@@ -164,15 +195,7 @@ class _Service:
                 code="model_not_found",
             )
         context = self.resolve_context(body.context)
-        try:
-            batch: Batch = await self.batcher.submit((context, body.input_type), body.texts)
-        except Overloaded as exc:
-            raise ApiError(
-                429,
-                f"The server is overloaded: {exc}",
-                code="queue_full",
-                headers={"Retry-After": str(exc.retry_after)},
-            ) from None
+        batch: Batch = await _unless_disconnected(request, self._embed(body, context))
         rows = _embedding_rows(batch.embeddings, body.dimensions, engine.normalizes, body.encoding_format)
         tokens = int(batch.tokens.sum())
         self.metrics.texts.inc(len(rows))
@@ -186,7 +209,48 @@ class _Service:
         }
         if context is not None:
             answer["context"] = {"name": context.name, "fingerprint": context.fingerprint}
-        return _json(200, answer)
+        return _json(200, answer, self._input_type_warning(request, body.input_type))
+
+    def _input_type_warning(self, request: Request, input_type: str | None) -> dict | None:
+        """Without ``input_type`` a text is embedded as a document. OpenAI clients (LangChain's OpenAIEmbeddings,
+        LlamaIndex's OpenAIEmbedding) send the same body for queries, so a query would silently get the document
+        prompt: say so in a header on each such answer and once per client (User-Agent) in the log."""
+        if input_type is not None or self.engine.prompt_for("query") == self.engine.prompt_for(None):
+            return None
+        agent = request.headers.get("user-agent", "unknown")
+        if agent not in self._warned_agents and len(self._warned_agents) < 100:
+            self._warned_agents.add(agent)
+            logger.warning(
+                "Requests from %r give no input_type: they are embedded as documents (the model's default prompt). "
+                'Queries need "input_type": "query" (LangChain/LlamaIndex OpenAI embeddings: one object per '
+                "input type).",
+                agent,
+            )
+        return {"X-CDE-ST-Warning": _NO_INPUT_TYPE}
+
+    async def _embed(self, body, context) -> Batch:
+        """Tokenise (in the tokenizer thread), refuse an over-long input unless truncating, then batch."""
+        if sum(map(len, body.texts)) <= _INLINE_TOKENIZE_CHARS:
+            tokens = self.engine.tokenize_inline(body.texts, body.input_type)  # well under a millisecond
+        else:
+            loop = asyncio.get_running_loop()
+            tokens = await loop.run_in_executor(
+                self.engine.tokenizer_executor, self.engine.tokenize, body.texts, body.input_type
+            )
+        truncate = self.settings.truncate if body.truncate is None else body.truncate
+        if not truncate and tokens.truncated.any():
+            raise _too_long(tokens, self.engine.max_seq_length, single=body.single)
+        try:
+            return await self.batcher.submit((context, body.input_type), tokens)
+        except Overloaded as exc:
+            raise ApiError(
+                429,
+                f"The server is overloaded: {exc}",
+                code="queue_full",
+                headers={"Retry-After": str(exc.retry_after)},
+            ) from None
+        except Unavailable as exc:
+            raise ApiError(503, str(exc), code="unavailable", headers={"Retry-After": str(exc.retry_after)}) from None
 
     # ------------------------------------------------------------------ /v1/contexts
     async def create_context(self, request: Request) -> Response:
@@ -194,11 +258,8 @@ class _Service:
         body = parse_context(await self.read_json(request))
         self.store.reserve(body.name, body.replace)
         try:
-            loop = asyncio.get_running_loop()
-            # the first stage is a forward like any other: it runs in the model's one worker thread
-            context = await loop.run_in_executor(
-                self.engine.executor, self.engine.make_context, body.name, body.documents, body.size, body.seed
-            )
+            # the first stage runs in the model's worker one batch at a time, between embedding batches
+            context = await self.engine.create_context(body.name, body.documents, body.size, body.seed)
         except BaseException:
             self.store.release(body.name)
             raise
@@ -244,7 +305,28 @@ class _Service:
     async def health(self, request: Request) -> Response:
         return _json(200, {"status": "ok", "model": self.engine.served_name})
 
+    async def ready(self, request: Request) -> Response:
+        """200 once the model has answered a warm-up forward; 503 before, and while draining (the middleware
+        answers those), so a load balancer sends nothing to a replica that cannot answer yet."""
+        if not self.warmed:
+            raise ApiError(503, "The model is still loading.", code="not_ready", headers={"Retry-After": "1"})
+        return _json(200, {"status": "ready", "model": self.engine.served_name})
+
+    async def warm_up(self) -> None:
+        """One forward of one text, so the first request does not pay for lazy initialisation; then ready."""
+        loop = asyncio.get_running_loop()
+        tokens = await loop.run_in_executor(self.engine.tokenizer_executor, self.engine.tokenize, ["warm up"], None)
+        context = self.resolve_context(None)
+        try:
+            await loop.run_in_executor(self.engine.executor, self.engine.embed_tokens, [tokens], context)
+        except Exception:  # e.g. a model giving NaN: the server still answers (errors), /ready says it is not ready
+            logger.exception("The warm-up forward failed: /ready answers 503.")
+            return
+        self.warmed = True
+
     async def prometheus(self, request: Request) -> Response:
+        if self.engine.contextual:
+            self.metrics.observe_context_cache(self.engine.cache_stats())
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
 
@@ -261,6 +343,46 @@ def _embedding_rows(vectors, dimensions: int | None, normalizes: bool, encoding_
     return vectors.tolist()
 
 
+_NO_INPUT_TYPE = 'no input_type: embedded as a document; send "input_type": "query" for queries'
+_INLINE_TOKENIZE_CHARS = 2048  # a request of at most this many characters is tokenised on the event loop
+_PARSE_ON_LOOP_BYTES = 256 * 1024  # bodies above this are parsed in a thread, so other requests keep flowing
+
+
+def _too_long(tokens: Tokens, max_length: int, single: bool) -> ApiError:
+    """OpenAI's refusal of an input longer than the model reads, naming the first such input and its length."""
+    i = int(tokens.truncated.argmax())
+    where = "input" if single else f"input[{i}]"
+    length = f"at least {tokens.counted[i]}" if tokens.cut[i] else str(tokens.counted[i])
+    return ApiError(
+        400,
+        f"Invalid '{where}': maximum context length is {max_length} tokens, however it has {length} tokens. Shorten "
+        f'it, or send "truncate": true to embed its first {max_length} tokens.',
+        param=where,
+        code="context_length_exceeded",
+    )
+
+
+async def _unless_disconnected(request: Request, work):
+    """``work`` (a coroutine), cancelled if the client goes away first: a queued request then never reaches a
+    forward (the batcher skips cancelled requests). The body has been read, so the next ASGI message is the
+    disconnect."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        raise ApiError(499, "The client closed the connection.", code="client_closed")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def create_app(engine: Engine, store: ContextStore, settings: Settings | None = None) -> FastAPI:
     """The server's ASGI app for one model (``engine``) and its contexts (``store``)."""
     service = _Service(engine, store, settings or Settings())
@@ -268,15 +390,18 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service.batcher.start()
+        await service.warm_up()
         try:
             yield
         finally:
             await service.batcher.stop()
             engine.close()
 
-    # The interactive docs would describe raw-body routes as schemaless; the request shapes are in docs/serving.md.
-    app = FastAPI(title="cde-st-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.engine, app.state.store = engine, store
+    # The routes read their own bodies; their request and answer shapes are given per route (openapi.py).
+    app = FastAPI(title="cde-st-serve", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.engine, app.state.store, app.state.service = engine, store, service
+    app.state.traffic = TrafficState()
+    app.add_middleware(Traffic, state=app.state.traffic)
     app.state.batcher, app.state.metrics = service.batcher, service.metrics
     routes = [
         ("POST", "/v1/embeddings", "embeddings", service.embeddings),
@@ -289,8 +414,11 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
         ("GET", "/metrics", "metrics", service.prometheus),
     ]
     for method, path, endpoint, handler in routes:
-        app.add_api_route(path, service.route(endpoint, handler), methods=[method])
-    app.add_api_route("/health", service.route("health", service.health, authenticated=False), methods=["GET"])
+        app.add_api_route(path, service.route(endpoint, handler), methods=[method], **route_docs(method, path))
+    for path, endpoint, handler in [("/health", "health", service.health), ("/ready", "ready", service.ready)]:
+        app.add_api_route(
+            path, service.route(endpoint, handler, authenticated=False), methods=["GET"], **route_docs("GET", path)
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -1,306 +1,367 @@
-"""The server's named contexts: validated names, one file per context in the state directory, loaded at start-up.
+"""The server's named contexts: validated names, one file per context in a state directory that several server
+processes (replicas, on one host or on hosts sharing a volume) may use at once.
 
 A context is J first-stage vectors plus what identifies them: its name, the fingerprint of the sampled (prompted)
 documents (the same value ``model.set_context(documents, seed=seed).fingerprint`` gives in-process, so a fingerprint
-names the content: a replace with other documents or another seed changes it, a replace with the same ones keeps
-it), J, the seed and the identity of the model that made it (:mod:`cde_st.serving.identity`).
+names the content), J, the seed and the identity of the model that made it (:mod:`cde_st.serving.identity`). Each
+is one file, ``STATE_DIR/contexts/NAME.safetensors``, written atomically and checked at load
+(:mod:`cde_st.serving.context_files`).
 
-Each context is one file, ``STATE_DIR/contexts/NAME.safetensors`` (the float32 vectors, the rest as JSON metadata),
-so writing one is atomic: a temporary file in the same folder is written and fsynced, renamed over the old one
-(``os.replace``), and the folder fsynced. A process killed at any point leaves either the old file or the new one,
-never half of one; leftover temporary files are removed at the next start. Names cannot hold a path separator or
-``..``, and only files of that one folder are ever read or written.
+Replicas. Every write (create, replace, delete) holds an exclusive ``fcntl`` lock on ``STATE_DIR/.write-lock``
+(POSIX record locks: NFS carries them) and ends by replacing ``STATE_DIR/generation``. Each store looks at that
+file's identity (one ``stat``) at most every ``refresh_seconds`` when a context is looked up, and on a change
+re-reads the folder, reading again only the files that changed. So a context written through any replica is
+served by every replica at most ``refresh_seconds`` after its write returned (plus the attribute caching of a
+network file system). Two creates of one name through two replicas: the second to take the lock finds the file
+and gets :class:`~cde_st.serving.context_errors.ContextExists`. Leftover temporary files of a killed writer are
+removed under the lock (no write is then in flight).
+
+Locks never held across file I/O by the event loop: the in-memory maps have their own short lock; a re-read of the
+folder from a lookup skips its turn when a local write holds the writer lock.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
-import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save
+from cde_st.serving import context_files
+from cde_st.serving.context_errors import (
+    ContextBusy,
+    ContextDamaged,
+    ContextExists,
+    ContextModelMismatch,
+    ContextNotFound,
+    ContextReserved,
+    InvalidContextName,
+    StateDirError,
+)
+from cde_st.serving.context_files import PAUSE_ENV, SUFFIX, TEMP_PREFIX, StoredContext
 
-from cde_st.serving.errors import ApiError
+__all__ = [
+    "GENERATION_FILE",
+    "WRITE_LOCK_FILE",
+    "DEFAULT_NAME",
+    "NAME_PATTERN",
+    "PAUSE_ENV",
+    "ContextStore",
+    "StoredContext",
+    "check_name",
+]
 
 logger = logging.getLogger(__name__)
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: The name under which a model folder's own saved context is served; no stored context may take it.
 DEFAULT_NAME = "default"
-SUFFIX = ".safetensors"
-TEMP_PREFIX = ".tmp-"
-METADATA_KEY = "cde_st_serving_context"
-#: Test-only: seconds to sleep after the temporary file is written and fsynced and before it is renamed into
-#: place, so a test can SIGKILL the server exactly inside a context write. Unset in any real deployment.
-PAUSE_ENV = "CDE_ST_SERVE_TEST_PAUSE_BEFORE_RENAME"
+GENERATION_FILE = "generation"
+WRITE_LOCK_FILE = ".write-lock"
 
 
-@dataclass(eq=False)  # compared by identity: a replaced context is another object, even with equal fields
-class StoredContext:
-    name: str
-    fingerprint: str
-    size: int
-    seed: int | None
-    vectors: torch.Tensor  # (size, d) float32, CPU
-    model_identity: str
-    corpus_size: int | None = None
-    created: int = field(default_factory=lambda: int(time.time()))
-    origin: str = "request"  # "request": made through the API; "model": the model folder's saved context
-
-    def describe(self) -> dict:
-        return {
-            "object": "context",
-            "name": self.name,
-            "fingerprint": self.fingerprint,
-            "size": self.size,
-            "seed": self.seed,
-            "corpus_size": self.corpus_size,
-            "created": self.created,
-            "origin": self.origin,
-        }
-
-
-def check_name(name: str) -> str:
+def check_name(name: str, param: str = "name") -> str:
     """``name`` if it can name a context (and a file): 1 to 64 of ``A-Z a-z 0-9 . _ -``, starting with a letter or
-    digit, without ``..``; else a 400."""
+    digit, without ``..``; else :class:`InvalidContextName`."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or ".." in name:
-        raise ApiError(
-            400,
+        raise InvalidContextName(
             f"Invalid context name {name!r}: use 1 to 64 characters from A-Z, a-z, 0-9, '.', '_' and '-', starting "
             "with a letter or digit, without '..'.",
-            param="name",
-            code="invalid_context_name",
+            param=param,
         )
     return name
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def _stat_key(path: Path) -> tuple | None:
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 class ContextStore:
-    """Named contexts of one model, kept in memory and (with a state directory) on disk.
+    """Named contexts of one model, kept in memory and (with a state directory) on disk, shared with any other
+    server using the same directory.
 
     A create is two steps, so the slow first-stage forward runs outside any lock: :meth:`reserve` claims the name
-    (409 if it exists and no replace is asked, or if another create of it is in flight), :meth:`commit` writes the
-    file and publishes the context, :meth:`release` gives a failed reservation back. Every method is thread-safe."""
+    in this process, :meth:`commit` writes the file and publishes the context, :meth:`release` gives a failed
+    reservation back. Every method is thread-safe; :meth:`commit` and :meth:`delete` block on file I/O (call them
+    off the event loop)."""
 
-    def __init__(self, state_dir: str | os.PathLike | None, model_identity: str) -> None:
+    def __init__(self, state_dir: str | os.PathLike | None, model_identity: str, refresh_seconds: float = 0.5) -> None:
         self.model_identity = model_identity
-        self.folder = None if state_dir is None else Path(state_dir).resolve() / "contexts"
+        self.refresh_seconds = refresh_seconds
+        self.state_dir = None if state_dir is None else Path(state_dir).resolve()
+        self.folder = None if self.state_dir is None else self.state_dir / "contexts"
         self._contexts: dict[str, StoredContext] = {}
         self._foreign: dict[str, str] = {}  # name -> identity of the other model it was made with
-        self._pending: set[str] = set()
-        self._lock = threading.Lock()
-        self._lock_file = None
+        self._damaged: dict[str, str] = {}  # name -> what is wrong with its file
+        self._files: dict[str, tuple] = {}  # name -> stat key of the file last read
+        self._pending: dict[str, bool] = {}  # name -> replace, for creates in flight in this process
+        self._lock = threading.Lock()  # the maps above; never held across file I/O
+        self._writer = threading.Lock()  # this process's writers (POSIX locks do not exclude threads)
+        self._lock_fd: int | None = None
+        self._generation: tuple | None = None
+        self._checked = 0.0
         if self.folder is not None:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self._hold_state_dir()
-            self._load_all()
+            self._open_state_dir()
+            with self._write_lock():
+                self._remove_leftovers()
+                self._generation = _stat_key(self.state_dir / GENERATION_FILE)
+                self._scan()
 
-    # ------------------------------------------------------------------ start-up
-    def _hold_state_dir(self) -> None:
-        """Two servers writing one state directory would overwrite each other's contexts: the first holds an
-        exclusive lock on ``STATE_DIR/.lock`` for its lifetime, a second refuses to start."""
-        self._lock_file = open(self.folder.parent / ".lock", "a+")  # noqa: SIM115 (held until the process ends)
+    # ------------------------------------------------------------------ the state directory
+    def _open_state_dir(self) -> None:
+        """Create the folders and the lock file; a directory this process cannot write is named in the error."""
         try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock_file.close()
-            raise RuntimeError(
-                f"Another cde-st-serve process is using the state directory {self.folder.parent}; give each server "
-                "its own --state-dir."
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.state_dir / WRITE_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            probe = self.folder / f"{TEMP_PREFIX}probe-{os.getpid()}-{uuid.uuid4().hex}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise StateDirError(
+                f"The state directory {self.state_dir} cannot be used: {exc.strerror or exc} "
+                f"({exc.filename or self.state_dir}). The server stores its contexts there: give a directory it can "
+                "create and write, or fix the permissions."
             ) from None
 
-    def _load_all(self) -> None:
-        for path in sorted(self.folder.iterdir()):
+    def close(self) -> None:
+        """Let go of the lock file."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    @contextmanager
+    def _write_lock(self):
+        """This process's writers one at a time, and across processes by an fcntl lock on the shared volume."""
+        with self._writer:
+            fcntl.lockf(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.lockf(self._lock_fd, fcntl.LOCK_UN)
+
+    def _remove_leftovers(self) -> None:
+        # Under the write lock no write is in flight in any replica: a temporary file is a killed writer's.
+        for path in self.folder.iterdir():
             if path.name.startswith(TEMP_PREFIX):
-                # A write interrupted before its rename: the previous file (if any) is intact, this one is not.
                 logger.warning("Removing %s, left by an interrupted context write.", path.name)
                 path.unlink(missing_ok=True)
+
+    def _bump_generation(self) -> None:
+        """Tell the other replicas the folder changed: a new file replaces ``generation`` (a new inode)."""
+        temp = self.state_dir / f"{TEMP_PREFIX}generation-{os.getpid()}-{threading.get_ident()}"
+        temp.write_text(uuid.uuid4().hex)
+        os.replace(temp, self.state_dir / GENERATION_FILE)
+        # self._generation is left as it was: another replica may have written since this store last read the
+        # folder, so the next refresh reads it again (this write's own file is known and not read twice).
+
+    # ------------------------------------------------------------------ reading the folder
+    def refresh(self, force: bool = False) -> None:
+        """Pick up what other replicas wrote: at most every ``refresh_seconds`` (always with ``force``), one stat
+        of the generation file, and a re-read of the folder when it changed."""
+        if self.folder is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._checked < self.refresh_seconds:
+            return
+        self._checked = now
+        generation = _stat_key(self.state_dir / GENERATION_FILE)
+        if generation == self._generation:
+            return
+        if not self._writer.acquire(blocking=False):  # a local write is in flight; the next lookup re-reads
+            return
+        try:
+            self._generation = generation
+            self._scan()
+        finally:
+            self._writer.release()
+
+    def _scan(self) -> None:
+        """Re-read the folder: read new and changed files, forget removed ones. Called holding ``_writer``."""
+        seen: dict[str, tuple] = {}
+        for path in self.folder.iterdir():
+            name = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else None
+            if name is None or path.name.startswith(TEMP_PREFIX):
                 continue
-            if not path.name.endswith(SUFFIX):
-                continue
-            name = path.name[: -len(SUFFIX)]
-            if not NAME_PATTERN.fullmatch(name) or ".." in name:
+            if not NAME_PATTERN.fullmatch(name) or ".." in name or name == DEFAULT_NAME:
                 logger.warning("Ignoring %s: not a valid context name.", path.name)
                 continue
-            try:
-                context = self._read(path, name)
-            except (OSError, ValueError, KeyError, TypeError, SafetensorError) as exc:
-                logger.error("Context file %s cannot be read and is not served: %s", path, exc)
-                continue
-            if context.model_identity != self.model_identity:
-                logger.warning(
-                    "Context %r was made by another model (identity %s; this model is %s): it is not served. "
-                    "Delete or replace it, or serve the model it was made with.",
-                    name,
-                    context.model_identity,
-                    self.model_identity,
-                )
-                self._foreign[name] = context.model_identity
-                continue
-            self._contexts[name] = context
-        if self._contexts:
-            logger.info("Loaded %d stored contexts: %s", len(self._contexts), ", ".join(sorted(self._contexts)))
+            key = _stat_key(path)
+            if key is not None:
+                seen[name] = key
+        for name, key in seen.items():
+            if self._files.get(name) != key:
+                self._load(name, key)
+        with self._lock:
+            for name in [n for n in self._files if n not in seen]:
+                self._forget(name)
 
-    @staticmethod
-    def _read(path: Path, name: str) -> StoredContext:
-        with safe_open(path, framework="pt") as f:
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
-            meta = json.loads((f.metadata() or {}).get(METADATA_KEY, "null"))
-        if not isinstance(meta, dict) or "vectors" not in tensors:
-            raise ValueError("not a cde-st-serve context file (no metadata or no vectors)")
-        if meta.get("name") != name:
-            raise ValueError(f"the file is named {name!r} but records the context {meta.get('name')!r}")
-        vectors = tensors["vectors"].float()
-        if vectors.ndim != 2 or len(vectors) != meta["size"]:
-            raise ValueError(f"vectors of shape {tuple(vectors.shape)} do not match size={meta['size']}")
-        return StoredContext(
-            name=name,
-            fingerprint=meta["fingerprint"],
-            size=int(meta["size"]),
-            seed=meta.get("seed"),
-            vectors=vectors,
-            model_identity=meta["model_identity"],
-            corpus_size=meta.get("corpus_size"),
-            created=int(meta.get("created", 0)),
-        )
+    def _load(self, name: str, key: tuple) -> None:
+        path = self.folder / f"{name}{SUFFIX}"
+        try:
+            context = context_files.read(path, name)
+        except ContextDamaged as exc:
+            logger.error("%s It is not served; replace or delete it.", exc)
+            self._publish(name, key, damaged=str(exc))
+            return
+        except OSError as exc:
+            logger.error("Context file %s cannot be read and is not served: %s", path, exc)
+            self._publish(name, key, damaged=f"Context {name!r}: {path} cannot be read ({exc.strerror or exc}).")
+            return
+        if context.model_identity != self.model_identity:
+            logger.warning(
+                "Context %r was made by another model (identity %s; this model is %s): it is not served. "
+                "Delete or replace it, or serve the model it was made with.",
+                name,
+                context.model_identity,
+                self.model_identity,
+            )
+            self._publish(name, key, foreign=context.model_identity)
+            return
+        self._publish(name, key, context=context)
 
-    # ------------------------------------------------------------------ reading
+    def _publish(
+        self, name: str, key: tuple | None, context: StoredContext | None = None, foreign=None, damaged=None
+    ) -> None:
+        with self._lock:
+            self._forget(name)
+            if key is not None:
+                self._files[name] = key
+            if context is not None:
+                self._contexts[name] = context
+            if foreign is not None:
+                self._foreign[name] = foreign
+            if damaged is not None:
+                self._damaged[name] = damaged
+
+    def _forget(self, name: str) -> None:
+        # called holding _lock
+        for table in (self._contexts, self._foreign, self._damaged, self._files):
+            table.pop(name, None)
+
+    # ------------------------------------------------------------------ lookups
     def add_model_context(self, context: StoredContext) -> None:
         """Serve the model folder's saved context under :data:`DEFAULT_NAME` (memory only: it lives in the folder)."""
         with self._lock:
             self._contexts[DEFAULT_NAME] = context
 
-    def get(self, name: str) -> StoredContext:
-        """The context ``name``: 404 if there is none, 409 if the one stored was made by another model."""
+    def get(self, name: str, param: str = "context") -> StoredContext:
+        """The context ``name``: :class:`ContextNotFound` if there is none, :class:`ContextModelMismatch` if the one
+        stored was made by another model, :class:`ContextDamaged` if its file is damaged."""
+        check_name(name, param)
+        self.refresh()
         with self._lock:
-            context = self._contexts.get(name)
-            foreign = self._foreign.get(name)
+            context, foreign, damaged = self._contexts.get(name), self._foreign.get(name), self._damaged.get(name)
         if context is not None:
             return context
+        if damaged is not None:
+            raise ContextDamaged(f"{damaged} Replace it (replace=true) or delete it.", param=param)
         if foreign is not None:
-            raise ApiError(
-                409,
+            raise ContextModelMismatch(
                 f"Context {name!r} was made by another model (identity {foreign}; this server's model is "
                 f"{self.model_identity}): its vectors mean nothing to this model. Delete it or create it again "
                 "with replace=true.",
-                param="context",
-                code="context_model_mismatch",
+                param=param,
             )
-        raise ApiError(
-            404, f"No context named {name!r} (GET /v1/contexts lists them).", param="context", code="context_not_found"
-        )
+        raise ContextNotFound(f"No context named {name!r} (GET /v1/contexts lists them).", param=param)
 
     def default(self) -> StoredContext | None:
+        """The model folder's own context, if it has one."""
         with self._lock:
             return self._contexts.get(DEFAULT_NAME)
 
     def list(self) -> list[StoredContext]:
+        """The contexts that can be served, by name."""
+        self.refresh()
         with self._lock:
             return [self._contexts[name] for name in sorted(self._contexts)]
 
+    def damaged(self) -> dict[str, str]:
+        """The stored contexts whose file is damaged: name -> what is wrong."""
+        with self._lock:
+            return dict(self._damaged)
+
     # ------------------------------------------------------------------ writing
     def reserve(self, name: str, replace: bool) -> None:
-        """Claim ``name`` for a create; 409 when it exists (without ``replace``) or another create holds it."""
+        """Claim ``name`` for a create in this process; :class:`ContextExists` when it is stored (without
+        ``replace``) or another create of it is in flight here. Another replica's create of the same name is
+        found by :meth:`commit`."""
         check_name(name)
         if name == DEFAULT_NAME:
-            raise ApiError(
-                409,
+            raise ContextReserved(
                 f"{DEFAULT_NAME!r} is reserved for the context saved in the model folder; choose another name.",
                 param="name",
-                code="context_name_reserved",
             )
+        self.refresh()
         with self._lock:
             if name in self._pending:
-                raise ApiError(
-                    409, f"Context {name!r} is being created by another request.", param="name", code="context_exists"
+                raise ContextExists(f"Context {name!r} is being created by another request.", param="name")
+            if not replace and (name in self._contexts or name in self._foreign or name in self._damaged):
+                raise ContextExists(
+                    f'Context {name!r} already exists; send "replace": true to replace it.', param="name"
                 )
-            if not replace and (name in self._contexts or name in self._foreign):
-                raise ApiError(
-                    409,
-                    f'Context {name!r} already exists; send "replace": true to replace it.',
-                    param="name",
-                    code="context_exists",
-                )
-            self._pending.add(name)
+            self._pending[name] = replace
 
     def release(self, name: str) -> None:
+        """Give back a reservation whose create failed."""
         with self._lock:
-            self._pending.discard(name)
+            self._pending.pop(name, None)
 
     def commit(self, context: StoredContext) -> None:
         """Write a reserved context's file (when there is a state directory), then publish it and release the
-        name. Blocking (fsync): call it from a worker thread."""
+        name. :class:`ContextExists` when, without replace, another replica stored the name meanwhile."""
         try:
-            if self.folder is not None:
-                self._write(context)
             with self._lock:
-                self._contexts[context.name] = context
-                self._foreign.pop(context.name, None)
+                replace = self._pending.get(context.name, False)
+            if self.folder is None:
+                self._publish(context.name, None, context=context)
+                return
+            with self._write_lock():
+                final = self.folder / f"{context.name}{SUFFIX}"
+                if not replace and final.exists():
+                    raise ContextExists(
+                        f'Context {context.name!r} was created meanwhile (by another replica); send "replace": true '
+                        "to replace it.",
+                        param="name",
+                    )
+                context_files.write(self.folder, context)
+                self._publish(context.name, _stat_key(final), context=context)
+                self._bump_generation()
         finally:
             self.release(context.name)
 
-    def _write(self, context: StoredContext) -> None:
-        meta = {
-            "name": context.name,
-            "fingerprint": context.fingerprint,
-            "size": context.size,
-            "seed": context.seed,
-            "model_identity": context.model_identity,
-            "corpus_size": context.corpus_size,
-            "created": context.created,
-        }
-        data = save({"vectors": context.vectors.float().contiguous()}, metadata={METADATA_KEY: json.dumps(meta)})
-        final = self.folder / f"{context.name}{SUFFIX}"
-        temp = self.folder / f"{TEMP_PREFIX}{context.name}-{os.getpid()}-{threading.get_ident()}"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            pause = os.environ.get(PAUSE_ENV)
-            if pause:
-                time.sleep(float(pause))
-            os.replace(temp, final)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.folder)
-
     def delete(self, name: str) -> None:
-        """Remove a stored context (its file first, so a crash never serves a context whose file is gone)."""
+        """Remove a stored context, whichever replica made it (its file first, so no replica serves a context
+        whose file is gone after its next refresh)."""
         check_name(name)
         if name == DEFAULT_NAME:
-            raise ApiError(
-                409,
-                f"{DEFAULT_NAME!r} is the model folder's own context and cannot be deleted.",
-                param="name",
-                code="context_name_reserved",
-            )
+            raise ContextReserved(f"{DEFAULT_NAME!r} is the model folder's own context and cannot be deleted.", "name")
         with self._lock:
             if name in self._pending:
-                raise ApiError(
-                    409, f"Context {name!r} is being created; delete it afterwards.", param="name", code="context_busy"
-                )
-            if name not in self._contexts and name not in self._foreign:
-                raise ApiError(404, f"No context named {name!r}.", param="name", code="context_not_found")
-            if self.folder is not None:
-                (self.folder / f"{name}{SUFFIX}").unlink(missing_ok=True)
-                _fsync_dir(self.folder)
-            self._contexts.pop(name, None)
-            self._foreign.pop(name, None)
+                raise ContextBusy(f"Context {name!r} is being created; delete it afterwards.", param="name")
+            known = name in self._contexts or name in self._foreign or name in self._damaged
+        if self.folder is None:
+            if not known:
+                raise ContextNotFound(f"No context named {name!r}.", param="name")
+            with self._lock:
+                self._forget(name)
+            return
+        with self._write_lock():
+            path = self.folder / f"{name}{SUFFIX}"
+            if not path.exists():
+                with self._lock:
+                    self._forget(name)
+                raise ContextNotFound(f"No context named {name!r}.", param="name")
+            path.unlink()
+            context_files.fsync_dir(self.folder)
+            with self._lock:
+                self._forget(name)
+            self._bump_generation()

@@ -1,16 +1,23 @@
 """The served model: loading it, and the two things the server asks of it (embed a batch of texts with a context,
-embed a new context). Every call runs in :attr:`Engine.executor`, one worker thread, so forwards never block the
-event loop and never run two at a time (a second forward would only split the same cores, and the module's active
-context and key/value cache are one slot)."""
+embed a new context). Every forward runs in :attr:`Engine.executor`, one worker thread, so forwards never block the
+event loop and never run two at a time (a second forward would only split the same cores). A new context's first
+stage runs there one batch at a time (:meth:`Engine.create_context`), so embedding batches queued meanwhile run
+between its batches instead of waiting for the whole context.
+
+Contexts are switched through the library's own context (``restore_context`` with the first-stage weights'
+fingerprint taken once: the server never changes its weights, so a switch reads none of them), and the keys/values
+of cached attention are kept per context under a byte budget (:class:`~cde_st.serving.context_cache.
+ContextStateCache`), so alternating between contexts does not recompute them at each switch.
+"""
 
 from __future__ import annotations
 
-import atexit
+import asyncio
 import json
 import logging
 import os
 import time
-import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -22,16 +29,29 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
 from sentence_transformers.util import batch_to_device
 
-from cde_st.context import fingerprint_texts, sample_context
+from cde_st.context import ContextInfo
 from cde_st.model import ContextualSentenceTransformer, is_contextual
+from cde_st.modules.context_state import first_stage_fingerprint
 from cde_st.released import is_released_checkpoint, resolve_name
+from cde_st.serving.context_cache import CacheStats, ContextStateCache
+from cde_st.serving.context_errors import ContextTooLarge, NonFiniteEmbedding
 from cde_st.serving.contexts import DEFAULT_NAME, StoredContext
-from cde_st.serving.errors import ApiError
 from cde_st.serving.identity import model_identity
+from cde_st.serving.tokens import RequestTokenizer, Tokens
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: Default budget for the keys/values of contexts kept between switches (cached attention).
+CONTEXT_CACHE_BYTES = 256 * 1024 * 1024
+#: After each first-stage batch of a creation, queued embeddings may use up to this many times its duration first.
+CREATION_YIELD = 2.0
+#: Embeddings count as under way for this many seconds after a forward (the gap before a client's next request).
+EMBEDDING_GAP = 0.05
+#: First-stage documents per batch of a creation: small, so an embedding waits little behind one batch (a batch
+#: of 8 long documents took over a second on a busy 2-core machine, against 0.4 s for a query's p99).
+CONTEXT_BATCH_SIZE = 2
+_NULL = "null context"  # the cache key of the null context (a contextual model served without one)
 
 
 @dataclass
@@ -77,7 +97,8 @@ def load_model(name_or_path: str, device: str | None = None) -> SentenceTransfor
 
 class Engine:
     """One model and its worker thread. ``model`` may be given already built (tests, benchmarks) instead of a
-    location."""
+    location. ``context_cache_bytes``: the budget for the keys/values of the contexts kept between switches.
+    Call :meth:`close` when done."""
 
     def __init__(
         self,
@@ -87,6 +108,9 @@ class Engine:
         dtype: str | None = None,
         served_name: str | None = None,
         max_batch_size: int = 32,
+        max_batch_tokens: int | None = None,
+        context_cache_bytes: int = CONTEXT_CACHE_BYTES,
+        context_batch_size: int = CONTEXT_BATCH_SIZE,
     ) -> None:
         location = model if isinstance(model, str) else None
         self.model = load_model(model, device=device) if isinstance(model, str) else model
@@ -102,26 +126,41 @@ class Engine:
         self.dimension = int(self.model.get_embedding_dimension())
         self.normalizes = any(isinstance(module, Normalize) for module in self.model)
         self.max_seq_length = int(self.model.max_seq_length)
-        self.max_batch_size = max_batch_size
+        self.max_batch_size, self.max_batch_tokens = max_batch_size, max_batch_tokens
+        # Requests are tokenised in their own thread, so the model's thread only pads and runs forwards.
+        prompts = [self.prompt_for(input_type) for input_type in (None, "query", "document")]
+        self.request_tokenizer = RequestTokenizer(self.model, self.max_seq_length, prompts)
+        # A second copy for short requests, tokenised where they arrive (the event loop): a thread hop per query
+        # costs more than its tokenising, and two threads never share one fast tokenizer.
+        self.inline_tokenizer = RequestTokenizer(self.model, self.max_seq_length, prompts)
+        self.tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-tokenize")
+        # Smaller than set_context's 32 (an embedding then waits less behind one); the vectors differ from
+        # set_context's by rounding only (other padding), the sample and the fingerprint not at all.
+        self.context_batch_size = context_batch_size
+        #: How many embedding texts are queued (the server sets it to its batcher's count); a creation yields to them.
+        self.waiting: Callable[[], int] = lambda: 0
+        self.last_forward = float("-inf")  # when the last embedding forward ended (perf_counter)
         self.created = int(time.time())
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-model")
-        self._active: StoredContext | None = None
+        self.states = ContextStateCache(context_cache_bytes)
         self._model_context = self._saved_context()
-        self._active = self._model_context
+        self._active: StoredContext | str | None = None  # None: nothing activated yet; _NULL: the null context
         self._scopes = ExitStack()
         if self.contextual:
+            module = self.model.contextual_module
             # A server never changes its weights: one weights check for the engine's life (like one encode call),
             # so a batch does not re-read every weight to confirm the context is current (tens of ms with MiniLM,
             # as much as a one-text forward); later forwards only compare the parameters' version counters.
-            self._scopes.enter_context(self.model.contextual_module.one_weights_check())
-            # closed before interpreter teardown, when the scope's cleanup can still run
-            atexit.register(self._scopes.close)
+            self._scopes.enter_context(module.one_weights_check())
+            # What every served context's vectors belong to, read once: a switch then reads no weight.
+            self._weights = first_stage_fingerprint(module.first_stage, module.context_head, None)
+            self._null_vectors = torch.zeros(0, module.hidden_size)
 
     def close(self) -> None:
-        """Stop the worker thread and end the engine's weights-check scope."""
+        """Stop the worker threads and end the engine's weights-check scope."""
+        self.tokenizer_executor.shutdown(wait=True)
         self.executor.shutdown(wait=True)
         self._scopes.close()
-        atexit.unregister(self._scopes.close)
 
     # ------------------------------------------------------------------ contexts
     @property
@@ -151,43 +190,86 @@ class Engine:
 
     def make_context(self, name: str, documents: list[str], size: int | None, seed: int) -> StoredContext:
         """Sample ``size`` (default J) documents with ``seed``, prompt them and run the first stage: what
-        ``model.set_context(documents, seed=seed)`` does in-process (same sample, same vectors, same fingerprint),
-        for any size up to J (fewer rows leave the remaining slots to the null context)."""
+        ``model.set_context(documents, seed=seed)`` does in-process (the library's sample, vectors, fingerprint and
+        corpus count), for any size up to J (fewer rows leave the remaining slots to the null context). Runs in the
+        calling thread; the server uses :meth:`create_context`."""
+        sampled, info = self._sample(documents, size, seed)
+        batches = list(self.model.contextual_module.context_batches(sampled, self.context_batch_size))
+        return self._stored(name, info, batches)
+
+    async def create_context(self, name: str, documents: list[str], size: int | None, seed: int) -> StoredContext:
+        """:meth:`make_context` for the server: the sampling off the event loop, then the first stage in the
+        worker one batch at a time. Embeddings go first: after a batch that took t seconds, the next waits while
+        embeddings are under way (:attr:`waiting` says texts are queued, or a forward ended less than
+        ``EMBEDDING_GAP`` s ago: clients send their next request right after an answer), for at most
+        ``CREATION_YIELD`` x t; so under load a creation takes about a third of the worker's time and an embedding
+        waits at most one such batch, and without load it runs at full speed."""
+        sampled, info = await asyncio.to_thread(self._sample, documents, size, seed)
+        loop = asyncio.get_running_loop()
+        batches = self.model.contextual_module.context_batches(sampled, self.context_batch_size)
+        done = []
+        while True:
+            started = time.perf_counter()
+            batch = await loop.run_in_executor(self.executor, next, batches, None)
+            if batch is None:
+                return self._stored(name, info, done)
+            done.append(batch)
+            deadline = time.perf_counter() + CREATION_YIELD * (time.perf_counter() - started)
+            while time.perf_counter() < deadline and (
+                self.waiting() or time.perf_counter() - self.last_forward < EMBEDDING_GAP
+            ):
+                await asyncio.sleep(0.002)
+
+    def _sample(self, documents: list[str], size: int | None, seed: int) -> tuple[list[str], ContextInfo]:
         module = self.model.contextual_module
-        size = module.context_size if size is None else size
-        if size > module.context_size:
-            raise ApiError(
-                400,
-                f"size {size} exceeds the model's {module.context_size} context slots (J).",
-                param="size",
-                code="context_too_large",
-            )
-        prompt = module.document_prompt
-        # Rotary context rows (cde-small-v2) read an order, so they sample positions as set_context does.
-        keep_order = module.prefix_positions == "sequence"
-        sampled = [prompt + text for text in sample_context(documents, size, seed, keep_order=keep_order)]
-        vectors = module.embed_context_texts(sampled).detach().float().cpu().contiguous()
+        if size is not None and size > module.context_size:
+            raise ContextTooLarge(f"size {size} exceeds the model's {module.context_size} context slots (J).", "size")
+        return module.sample_corpus(documents, seed, size=size)
+
+    def _stored(self, name: str, info: ContextInfo, batches: list) -> StoredContext:
+        """The context of the first stage's ``batches`` (positions, vectors), back in sample order."""
+        if batches:
+            order = np.concatenate([positions for positions, _ in batches])
+            vectors = torch.cat([chunk for _, chunk in batches])[torch.as_tensor(np.argsort(order))]
+        else:
+            vectors = torch.zeros(0, self.dimension)
         return StoredContext(
             name=name,
-            fingerprint=fingerprint_texts(sampled),
-            size=size,
-            seed=seed,
-            vectors=vectors,
+            fingerprint=info.fingerprint,
+            size=info.size,
+            seed=info.seed,
+            vectors=vectors.detach().float().cpu().contiguous(),
             model_identity=self.identity,
-            corpus_size=len(documents),
+            corpus_size=info.corpus_size,
         )
 
     def _activate(self, context: StoredContext | None) -> None:
-        """Make ``context`` the module's active one, so its keys/values are computed once and reused by every
-        batch until another context is asked for (passing vectors per call would recompute them per batch)."""
-        if context is self._active and (context is None) == (self.model.context_info is None):
+        """Make ``context`` (None: the null context) the module's active one, with its keys/values if they are
+        kept, so they are computed once and reused by every batch (passing vectors per call would recompute them
+        per batch). The null context is a context of no vectors: every slot is the null vector, as without a
+        context, and no warning is given per batch."""
+        key = _NULL if context is None else context
+        if key is self._active:
             return
         module = self.model.contextual_module
-        if context is None:
-            module.clear_context()
-        else:
-            module.set_context(context.vectors)
-        self._active = context
+        vectors = self._null_vectors if context is None else context.vectors
+        fingerprint = "null" if context is None else context.fingerprint
+        info = ContextInfo(size=len(vectors), seed=None, fingerprint=fingerprint, source="vectors")
+        module.restore_context((vectors, info, None, self._weights))  # drops the previous keys/values
+        entry = self.states.get(key)
+        if entry is not None:
+            module.context_cache.entry = entry
+        self._active = key
+
+    def _keep_states(self) -> None:
+        """After a forward: keep the active context's keys/values (if cached attention made any)."""
+        entry = self.model.contextual_module.context_cache.entry
+        if entry is not None and self.states.get(self._active) is not entry:
+            self.states.put(self._active, entry, self.model.contextual_module.context_cache_bytes())
+
+    def cache_stats(self) -> CacheStats:
+        """The contexts whose keys/values are kept, their bytes, and the evictions so far."""
+        return self.states.stats()
 
     # ------------------------------------------------------------------ embedding
     def prompt_for(self, input_type: str | None) -> str:
@@ -200,34 +282,43 @@ class Engine:
             return prompts.get(default, "") if default else ""
         return prompts.get(input_type, "")
 
+    def tokenize(self, texts: list[str], input_type: str | None) -> Tokens:
+        """One request's texts cut, counted and tokenised with the prompt of ``input_type``; run it in
+        :attr:`tokenizer_executor`, off the model's thread."""
+        return self.request_tokenizer.tokenize(texts, self.prompt_for(input_type))
+
+    def tokenize_inline(self, texts: list[str], input_type: str | None) -> Tokens:
+        """:meth:`tokenize` for a short request, in the event loop's thread (its own tokenizer copy)."""
+        return self.inline_tokenizer.tokenize(texts, self.prompt_for(input_type))
+
     def embed(self, texts: list[str], input_type: str | None, context: StoredContext | None) -> Batch:
-        """One forward over ``texts`` (chunked at ``max_batch_size``) with ``context`` (None: the null context of a
-        contextual model, nothing for a plain one)."""
-        prompt = self.prompt_for(input_type)
-        lengths = np.array(
-            [len(ids) for ids in self.model.tokenizer([prompt + t for t in texts], truncation=False)["input_ids"]]
-        )
+        """:meth:`embed_tokens` of ``texts`` tokenised in the calling thread (scripts and tests)."""
+        return self.embed_tokens([self.tokenize(texts, input_type)], context)
+
+    def embed_tokens(self, parts: list[Tokens], context: StoredContext | None) -> Batch:
+        """The forwards of a batch of tokenised requests (``parts``, all with one prompt), chunked at
+        ``max_batch_size`` texts and ``max_batch_tokens`` tokens, with ``context`` (None: the null context of a
+        contextual model, nothing for a plain one); one row per text, requests in order."""
         if self.contextual:
             self._activate(context)
-        with warnings.catch_warnings():
-            # Serving a contextual model without a context is a choice the response states; no log line per batch.
-            warnings.simplefilter("ignore", UserWarning)
-            embeddings = self._forward(texts, prompt)
-        return Batch(embeddings, np.minimum(lengths, self.max_seq_length), lengths > self.max_seq_length)
+        embeddings = self._forward(parts)
+        self.last_forward = time.perf_counter()
+        if self.contextual:
+            self._keep_states()
+        if not np.isfinite(embeddings).all():
+            raise NonFiniteEmbedding("The model gave NaN or infinite values for this batch; nothing is answered.")
+        lengths = np.concatenate([part.lengths for part in parts])
+        return Batch(embeddings, lengths, np.concatenate([part.truncated for part in parts]))
 
     @torch.inference_mode()
-    def _forward(self, texts: list[str], prompt: str) -> np.ndarray:
-        """What ``model.encode(texts, prompt=prompt)`` computes (length-sorted chunks, the same preprocess and
+    def _forward(self, parts: list[Tokens]) -> np.ndarray:
+        """What ``model.encode(texts, prompt=prompt)`` computes (length-sorted chunks, the same features and
         forward), without its ``eval()`` call, which would start a new weights check per batch (see __init__)."""
-        order = np.argsort([-len(text) for text in texts], kind="stable")
-        ordered = [texts[i] for i in order]
-        chunks = []
-        for start in range(0, len(ordered), self.max_batch_size):
-            features = self.model.preprocess(ordered[start : start + self.max_batch_size], prompt=prompt)
+        embeddings = np.empty((sum(len(part) for part in parts), self.dimension), dtype=np.float32)
+        for positions, features in self.request_tokenizer.chunks(parts, self.max_batch_size, self.max_batch_tokens):
             features = batch_to_device(features, self.model.device)
-            chunks.append(self.model(features)["sentence_embedding"].float().cpu())
-        embeddings = torch.cat(chunks).numpy()[np.argsort(order)]
-        return np.ascontiguousarray(embeddings, dtype=np.float32)
+            embeddings[positions] = self.model(features)["sentence_embedding"].float().cpu().numpy()
+        return embeddings
 
 
 def _default_name(location: str) -> str:

@@ -52,11 +52,34 @@ class Metrics:
             "cde_st_queue_depth_texts", "Texts waiting for a forward pass.", registry=self.registry
         )
         self.texts = Counter("cde_st_embedded_texts", "Texts embedded.", registry=self.registry)
+        self.cached_contexts = Gauge(
+            "cde_st_context_cache_contexts", "Contexts whose keys/values are kept in memory.", registry=self.registry
+        )
+        self.cached_bytes = Gauge(
+            "cde_st_context_cache_bytes", "Bytes of context keys/values kept in memory.", registry=self.registry
+        )
+        self.cache_budget = Gauge(
+            "cde_st_context_cache_budget_bytes", "The budget for context keys/values.", registry=self.registry
+        )
+        self.cache_evictions = Counter(
+            "cde_st_context_cache_evictions",
+            "Contexts whose keys/values were dropped to stay within the budget.",
+            registry=self.registry,
+        )
+        self._evictions_seen = 0
         self.tokens = Counter("cde_st_embedded_tokens", "Tokens read by the model.", registry=self.registry)
 
     def observe_batch(self, n_texts: int, n_requests: int) -> None:
         self.batch_texts.observe(n_texts)
         self.batch_requests.observe(n_requests)
+
+    def observe_context_cache(self, stats) -> None:
+        """The engine's live set of context keys/values (a :class:`~cde_st.serving.context_cache.CacheStats`)."""
+        self.cached_contexts.set(stats.contexts)
+        self.cached_bytes.set(stats.bytes)
+        self.cache_budget.set(stats.budget)
+        self.cache_evictions.inc(stats.evictions - self._evictions_seen)
+        self._evictions_seen = stats.evictions
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -21,6 +21,8 @@ class EmbeddingsRequest:
     dimensions: int | None
     input_type: str | None
     context: str | None
+    truncate: bool | None = None  # None: the server's default
+    single: bool = False  # input was one string (an error then names "input", not "input[0]")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ def parse_json(raw: bytes, content_type: str | None) -> dict:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "The request body nests JSON too deeply to be read.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"The request body must be a JSON object, got {type(body).__name__}.", code="invalid_json")
     return body
@@ -112,8 +116,8 @@ def _optional_name(body: dict, field: str) -> str | None:
 
 
 def parse_embeddings(body: dict, max_inputs: int, dimension: int) -> EmbeddingsRequest:
-    """An OpenAI embeddings body plus the ``input_type`` and ``context`` extensions (other fields, e.g. ``user``,
-    are accepted and ignored, as clients send them)."""
+    """An OpenAI embeddings body plus the ``input_type``, ``context`` and ``truncate`` extensions (other fields,
+    e.g. ``user``, are accepted and ignored, as clients send them)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "model is required: the served model's name (GET /v1/models).", param="model")
@@ -137,7 +141,11 @@ def parse_embeddings(body: dict, max_inputs: int, dimension: int) -> EmbeddingsR
     if input_type is not None and input_type not in INPUT_TYPES:
         raise ApiError(400, f"input_type must be 'query' or 'document', got {input_type!r}.", param="input_type")
     context = _optional_name(body, "context")
-    return EmbeddingsRequest(model, texts, encoding_format, dimensions, input_type, context)
+    truncate = body.get("truncate")
+    if truncate is not None and not isinstance(truncate, bool):
+        raise ApiError(400, f"truncate must be true or false, got {truncate!r}.", param="truncate")
+    single = isinstance(body["input"], str)
+    return EmbeddingsRequest(model, texts, encoding_format, dimensions, input_type, context, truncate, single)
 
 
 def parse_context(body: dict) -> ContextRequest:

@@ -34,6 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default=None, help="torch device (default: sentence-transformers' choice)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    _batching_options(p.add_argument_group("batching"))
+    _context_options(p.add_argument_group("contexts and replicas"))
+    _request_options(p.add_argument_group("requests and connections"))
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access-log", action="store_true", help="log every request (off: it costs throughput)")
+    return p
+
+
+def _batching_options(p) -> None:  # an argument group of the parser
     p.add_argument("--max-batch-size", type=int, default=32, help="texts per forward pass (default 32)")
     p.add_argument(
         "--max-wait-ms",
@@ -47,6 +56,45 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         help="texts that may wait; beyond it requests get 429 with Retry-After (default 1024)",
     )
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="tokens per forward pass, counted with padding (texts times the longest); a longer request goes alone "
+        "(default: no limit beyond --max-batch-size)",
+    )
+    p.add_argument(
+        "--truncate",
+        action="store_true",
+        help="embed the first max_seq_length tokens of a longer input when a request does not say (default: refuse "
+        'it with 400, as OpenAI does; a request\'s "truncate" field decides for itself)',
+    )
+
+
+def _context_options(p) -> None:  # an argument group of the parser
+    p.add_argument(
+        "--context-cache-mb",
+        type=float,
+        default=256.0,
+        help="memory for the keys/values of contexts kept between switches, least recently used dropped first "
+        "(default 256 MiB; 0: recompute them at every switch)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes on this port, sharing --state-dir (default 1; each loads the model)",
+    )
+    p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)  # a --workers child's socket
+    p.add_argument(
+        "--context-refresh-s",
+        type=float,
+        default=0.5,
+        help="how often a lookup checks the state directory for contexts other replicas wrote (default 0.5 s)",
+    )
+
+
+def _request_options(p) -> None:  # an argument group of the parser
     p.add_argument("--max-inputs", type=int, default=2048, help="texts per request (default 2048, as OpenAI)")
     p.add_argument("--max-body-mb", type=float, default=32.0, help="request body limit in MiB (default 32)")
     p.add_argument(
@@ -54,9 +102,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="name of an environment variable holding the API key clients must send (default: no key)",
     )
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    p.add_argument("--access-log", action="store_true", help="log every request (off: it costs throughput)")
-    return p
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=1000,
+        help="open connections and requests beyond which new ones get 503 at once (default 1000)",
+    )
+    p.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=30.0,
+        help="time a connection has to send a whole request (headers and body) after it opens or after the "
+        "previous answer; past it the connection is closed (default 30)",
+    )
+    p.add_argument(
+        "--keep-alive-s", type=int, default=5, help="an idle connection is closed after this long (default 5)"
+    )
+    p.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=30.0,
+        help="after SIGTERM, how long requests in flight may take to finish before the server exits anyway; new "
+        "requests get 503 meanwhile (default 30)",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,17 +135,20 @@ def main(argv: list[str] | None = None) -> None:
         from cde_st.serving.app import Settings, create_app
     except ImportError as exc:
         sys.exit(f"cde-st-serve needs the serve extra: pip install 'cde_st[serve]' ({exc}).")
+    from cde_st.serving.connections import read_timeout_protocol
     from cde_st.serving.contexts import ContextStore
+    from cde_st.serving.draining import DrainingServer
     from cde_st.serving.engine import Engine
+    from cde_st.serving.traffic import RequestIdFilter
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            sys.exit(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty.")
-    if args.max_batch_size < 1 or args.max_queue < 1 or args.max_inputs < 1 or args.max_wait_ms < 0:
-        sys.exit("--max-batch-size, --max-queue and --max-inputs must be >= 1, --max-wait-ms >= 0.")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+    )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdFilter())
+    api_key = _checked_options(args)
+    if args.workers != 1:
+        sys.exit(_workers(args, sys.argv[1:] if argv is None else list(argv)))
 
     engine = Engine(
         args.model,
@@ -85,9 +156,11 @@ def main(argv: list[str] | None = None) -> None:
         dtype=args.dtype,
         served_name=args.served_model_name,
         max_batch_size=args.max_batch_size,
+        max_batch_tokens=args.max_batch_tokens,
+        context_cache_bytes=int(max(args.context_cache_mb, 0) * 1024 * 1024),
     )
     try:
-        store = ContextStore(args.state_dir, engine.identity)
+        store = ContextStore(args.state_dir, engine.identity, refresh_seconds=max(args.context_refresh_s, 0.0))
     except RuntimeError as exc:
         sys.exit(str(exc))
     if engine.model_context is not None:
@@ -101,15 +174,12 @@ def main(argv: list[str] | None = None) -> None:
         max_queue=args.max_queue,
         max_inputs=args.max_inputs,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_batch_tokens=args.max_batch_tokens,
+        truncate=args.truncate,
     )
     app = create_app(engine, store, settings)
 
-    # Bound here, not by uvicorn, so that with --port 0 the chosen port is known and printed before serving.
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
-    sock.listen(2048)
+    sock = _listen(args.host, args.port) if args.listen_fd is None else socket.socket(fileno=args.listen_fd)
     port = sock.getsockname()[1]
     kind = "contextual" if engine.contextual else "plain (no contexts)"
     print(
@@ -117,8 +187,68 @@ def main(argv: list[str] | None = None) -> None:
         f"http://{args.host}:{port}",
         flush=True,
     )
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log, timeout_graceful_shutdown=10)
-    uvicorn.Server(config).run(sockets=[sock])
+    _raise_open_files_limit(args.max_connections)
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        log_config=None,  # uvicorn's loggers go through the handler above, request id included
+        access_log=args.access_log,
+        http=read_timeout_protocol(args.read_timeout_s),
+        limit_concurrency=args.max_connections,
+        timeout_keep_alive=args.keep_alive_s,
+        timeout_graceful_shutdown=10,
+    )
+    DrainingServer(config, app.state.traffic, args.drain_timeout_s).run(sockets=[sock])
+
+
+def _checked_options(args: argparse.Namespace) -> str | None:
+    """Exit with a message naming the option when one is out of range; the API key (None: no key)."""
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            sys.exit(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty.")
+    if args.max_batch_size < 1 or args.max_queue < 1 or args.max_inputs < 1 or args.max_wait_ms < 0:
+        sys.exit("--max-batch-size, --max-queue and --max-inputs must be >= 1, --max-wait-ms >= 0.")
+    if args.max_connections < 1 or args.read_timeout_s <= 0 or args.keep_alive_s < 1 or args.drain_timeout_s < 0:
+        sys.exit("--max-connections and --keep-alive-s must be >= 1, --read-timeout-s > 0, --drain-timeout-s >= 0.")
+    if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
+        sys.exit(f"--max-batch-tokens must be >= 1, got {args.max_batch_tokens}.")
+    return api_key
+
+
+def _raise_open_files_limit(connections: int) -> None:
+    """Let the process hold ``connections`` sockets beside its files: raise the soft limit toward the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < wanted:
+            logger.warning("Open files are limited to %d: fewer than --max-connections %d allows.", new, connections)
+
+
+def _workers(args: argparse.Namespace, argv: list[str]) -> int | str:
+    """``--workers N``: bind the port and run N server processes on it (:mod:`cde_st.serving.workers`)."""
+    if args.workers < 1 or args.state_dir is None:
+        return "--workers must be >= 1, and more than one needs a --state-dir (the workers share its contexts)."
+    from cde_st.serving.workers import run_workers
+
+    sock = _listen(args.host, args.port)
+    print(f"cde-st-serve: {args.workers} workers listening on http://{args.host}:{sock.getsockname()[1]}", flush=True)
+    return run_workers(argv, args.workers, sock)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bound here, not by uvicorn, so that with --port 0 the chosen port is known and printed before serving."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
 
 
 if __name__ == "__main__":

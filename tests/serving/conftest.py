@@ -72,7 +72,8 @@ def start_server(tmp_path):
 
 @pytest.fixture(scope="module")
 def cde_server(cde_dir, tmp_path_factory):
-    """A contextual server shared by a test module: API key required, small limits so the limits are testable."""
+    """A contextual server shared by a test module: API key required, small limits so the limits are testable,
+    over-long inputs truncated unless a request says otherwise."""
     folder = tmp_path_factory.mktemp("cde_server")
     server = Server(
         cde_dir,
@@ -82,6 +83,7 @@ def cde_server(cde_dir, tmp_path_factory):
         "--api-key-env", API_KEY_ENV,
         "--max-inputs", "64",
         "--max-body-mb", "0.25",
+        "--truncate",  # the tiny tokenizer spells unknown words letter by letter: most test texts exceed 32 tokens
     )  # fmt: skip
     yield server
     server.stop()

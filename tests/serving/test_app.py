@@ -104,7 +104,8 @@ def test_truncated_inputs_are_counted(cde_server, topics):
     long_text = " ".join(["glacier"] * 100)
     with cde_server.client() as client:
         answer = client.post(
-            "/v1/embeddings", json={"model": MODEL, "input": [long_text, "short", long_text], "context": "topics"}
+            "/v1/embeddings",
+            json={"model": MODEL, "input": [long_text, "short", long_text], "context": "topics", "truncate": True},
         ).json()
     assert answer["truncated_inputs"] == 2
     assert answer["usage"]["prompt_tokens"] <= 3 * 32

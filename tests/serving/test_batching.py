@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cde_st.serving.batching import DynamicBatcher, Overloaded
+from cde_st.serving.batching import DynamicBatcher, Overloaded, Unavailable
 
 
 class Rows:
@@ -30,7 +30,8 @@ class FakeForward:
         self.entered = threading.Event()  # set when a forward starts (before the gate)
         self.fail: Exception | None = None
 
-    def __call__(self, key, texts):
+    def __call__(self, key, payloads):
+        texts = [t for payload in payloads for t in payload]
         self.entered.set()
         self.gate.wait(timeout=10)
         self.batches.append((key, list(texts)))
@@ -202,7 +203,7 @@ def test_a_cancelled_request_is_not_computed_and_stop_fails_the_queue():
         await batcher.stop()
         forward.gate.set()
         for task in (blocked, waiting):
-            with pytest.raises(RuntimeError, match="shutting down"):
+            with pytest.raises(Unavailable, match="shutting down"):
                 await task
 
     run(go())
@@ -213,5 +214,85 @@ def test_a_cancelled_request_is_not_computed_and_stop_fails_the_queue():
 def test_bounds_are_checked():
     with pytest.raises(ValueError):
         DynamicBatcher(lambda k, t: None, None, max_batch_size=0)
-    with pytest.raises(RuntimeError, match="start"):
+    with pytest.raises(Unavailable, match="start"):
         asyncio.run(DynamicBatcher(lambda k, t: None, None).submit("k", ["x"]))
+
+
+class Sized(list):
+    """A request's texts with their longest length in tokens, as the server's tokenised requests carry."""
+
+    def __init__(self, texts, longest):
+        super().__init__(texts)
+        self.longest = longest
+
+
+def test_batches_are_bounded_in_tokens_with_padding_and_in_texts():
+    forward = FakeForward()
+
+    async def go():
+        batcher = make(forward, max_batch_size=8, max_wait=0.05, max_batch_tokens=100)
+        batcher.start()
+        forward.gate.clear()
+        running = asyncio.create_task(batcher.submit("k", ["running"]))
+        await until_a_forward_runs(forward)
+        # 4 x 20 tokens fit; a 5th text of 30 makes 5 x 30 = 150 padded tokens: it waits for the next forward
+        short = [asyncio.create_task(batcher.submit("k", Sized([f"s{i}"], 20))) for i in range(4)]
+        await asyncio.sleep(0.01)
+        long = asyncio.create_task(batcher.submit("k", Sized(["long"], 30)))
+        huge = asyncio.create_task(batcher.submit("k", Sized(["huge"], 500)))  # over the budget alone: goes alone
+        await asyncio.sleep(0.01)
+        forward.gate.set()
+        await asyncio.gather(running, *short, long, huge)
+        await batcher.stop()
+
+    run(go())
+    assert [len(batch) for _, batch in forward.batches] == [1, 4, 1, 1]
+
+
+def test_a_request_larger_than_the_queue_is_served_under_steady_load():
+    forward = FakeForward()
+
+    async def client(batcher, stop_at, refused):
+        while time.monotonic() < stop_at:
+            try:
+                await batcher.submit("k", ["small", "small"])
+            except Overloaded:
+                refused.append(1)
+                await asyncio.sleep(0.001)
+
+    async def go():
+        batcher = make(forward, max_batch_size=4, max_wait=0, max_queue=6)
+        batcher.start()
+        stop_at, refused = time.monotonic() + 3, []
+        clients = [asyncio.create_task(client(batcher, stop_at, refused)) for _ in range(6)]
+        await asyncio.sleep(0.2)  # steady load: the queue is never empty when the large request comes
+        assert batcher.pending > 0
+        large = await asyncio.wait_for(batcher.submit("k", [f"w{i}" for i in range(10)]), timeout=2)
+        await asyncio.gather(*clients)
+        await batcher.stop()
+        return large, refused
+
+    large, refused = run(go())
+    assert len(large) == 10 and refused  # served; small requests were refused (429) while it waited
+
+
+def test_a_dead_loop_fails_its_requests_with_503_and_is_restarted():
+    forward = FakeForward()
+    calls = []
+
+    def on_batch(n_texts, n_requests):
+        calls.append(n_texts)
+        if len(calls) == 1:
+            raise KeyError("a bug outside the forward kills the loop")
+
+    async def go():
+        batcher = make(forward, max_batch_size=4, max_wait=0, on_batch=on_batch)
+        batcher.start()
+        with pytest.raises(Unavailable, match="loop failed"):
+            await asyncio.wait_for(batcher.submit("k", ["first"]), timeout=5)
+        answer = await asyncio.wait_for(batcher.submit("k", ["second"]), timeout=5)  # a new loop serves it
+        restarts = batcher.restarts
+        await batcher.stop()
+        return answer, restarts
+
+    assert run(go()) == ([("k", "second")], 1)

@@ -1,5 +1,6 @@
-"""The context store: names, atomic files, start-up loading, model identity; and, through real server processes,
-restart (same fingerprints, bit-identical embeddings) and SIGKILL in the middle of a context write."""
+"""The context store: names, atomic checksummed files, start-up loading, damaged files, model identity, several
+stores (replicas) sharing one state directory; and, through real server processes, restart (same fingerprints,
+bit-identical embeddings) and SIGKILL in the middle of a context write."""
 
 from __future__ import annotations
 
@@ -16,8 +17,18 @@ import torch
 from sample_texts import SHORT_DOCS, TOPIC_DOCS
 from serving_helpers import API_KEY
 
+from cde_st.serving import context_files
+from cde_st.serving.context_errors import (
+    ContextBusy,
+    ContextDamaged,
+    ContextExists,
+    ContextModelMismatch,
+    ContextNotFound,
+    ContextReserved,
+    InvalidContextName,
+    StateDirError,
+)
 from cde_st.serving.contexts import DEFAULT_NAME, PAUSE_ENV, ContextStore, StoredContext, check_name
-from cde_st.serving.errors import ApiError
 
 
 def context(name: str, seed: int = 0, identity: str = "model-a", rows: int = 4) -> StoredContext:
@@ -37,9 +48,9 @@ def test_valid_names(name):
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a..b", ".hidden", "-x", "a/b", "a\\b", "x" * 65, "a b", "é", None])
 def test_invalid_names(name):
-    with pytest.raises(ApiError) as error:
+    with pytest.raises(InvalidContextName) as error:
         check_name(name)
-    assert error.value.status == 400 and error.value.param == "name"
+    assert error.value.param == "name"
 
 
 def test_contexts_survive_a_new_store_bit_for_bit(tmp_path):
@@ -60,23 +71,20 @@ def test_contexts_survive_a_new_store_bit_for_bit(tmp_path):
 def test_names_exist_once_unless_replaced(tmp_path):
     store = ContextStore(tmp_path, "model-a")
     put(store, context("alpha"))
-    with pytest.raises(ApiError) as error:
+    with pytest.raises(ContextExists):
         store.reserve("alpha", replace=False)
-    assert error.value.status == 409
     put(store, context("alpha", seed=5), replace=True)
     assert store.get("alpha").seed == 5
     store.reserve("pending", replace=True)
-    with pytest.raises(ApiError, match="being created"):
+    with pytest.raises(ContextExists, match="being created"):
         store.reserve("pending", replace=True)  # a create in flight holds the name even for a replace
-    with pytest.raises(ApiError, match="being created"):
+    with pytest.raises(ContextBusy, match="being created"):
         store.delete("pending")
     store.release("pending")
-    with pytest.raises(ApiError) as missing:
+    with pytest.raises(ContextNotFound):
         store.get("pending")
-    assert missing.value.status == 404
-    with pytest.raises(ApiError) as reserved:
+    with pytest.raises(ContextReserved):
         store.reserve(DEFAULT_NAME, replace=True)
-    assert reserved.value.status == 409
 
 
 def test_delete_removes_the_file(tmp_path):
@@ -84,9 +92,8 @@ def test_delete_removes_the_file(tmp_path):
     put(store, context("alpha"))
     store.delete("alpha")
     assert not (tmp_path / "contexts" / "alpha.safetensors").exists()
-    with pytest.raises(ApiError) as error:
+    with pytest.raises(ContextNotFound):
         store.delete("alpha")
-    assert error.value.status == 404
 
 
 def test_contexts_of_another_model_are_refused(tmp_path, caplog):
@@ -95,10 +102,10 @@ def test_contexts_of_another_model_are_refused(tmp_path, caplog):
     del store
     other = ContextStore(tmp_path, "model-b")
     assert "another model" in caplog.text
-    with pytest.raises(ApiError) as error:
+    with pytest.raises(ContextModelMismatch) as error:
         other.get("alpha")
-    assert error.value.status == 409 and "model-a" in error.value.message
-    with pytest.raises(ApiError):
+    assert "model-a" in error.value.message
+    with pytest.raises(ContextExists):
         other.reserve("alpha", replace=False)
     put(other, context("alpha", identity="model-b"), replace=True)
     assert other.get("alpha").model_identity == "model-b"
@@ -136,13 +143,102 @@ def test_start_up_removes_leftovers_and_skips_unreadable_files(tmp_path, caplog)
     assert [c.name for c in again.list()] == ["alpha"]
     assert not (folder / ".tmp-beta-123-456").exists() and (folder / "notes.txt").exists()
     assert "broken.safetensors" in caplog.text
+    with pytest.raises(ContextDamaged, match="broken"):
+        again.get("broken")
 
 
-def test_one_state_dir_one_server(tmp_path):
-    first = ContextStore(tmp_path, "model-a")
-    with pytest.raises(RuntimeError, match="Another cde-st-serve process"):
-        ContextStore(tmp_path, "model-a")
-    assert first.list() == []
+def _damage(path: Path, offset_from_end: int = 3) -> None:
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0x40  # one bit of one float of the vectors
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_file_is_named_damaged_and_can_be_replaced_or_deleted(tmp_path):
+    store = ContextStore(tmp_path, "model-a")
+    put(store, context("alpha"))
+    put(store, context("beta", seed=1))
+    store.close()
+    folder = tmp_path / "contexts"
+    _damage(folder / "alpha.safetensors")
+    _damage(folder / "beta.safetensors", offset_from_end=7)
+    again = ContextStore(tmp_path, "model-a")
+    for name in ("alpha", "beta"):
+        with pytest.raises(ContextDamaged, match="checksum") as error:
+            again.get(name)  # never served with other vectors, never "no context named"
+        assert error.value.param == "context"
+    assert [c.name for c in again.list()] == [] and set(again.damaged()) == {"alpha", "beta"}
+    with pytest.raises(ContextExists):
+        again.reserve("alpha", replace=False)
+    put(again, context("alpha", seed=3), replace=True)
+    assert again.get("alpha").seed == 3
+    again.delete("beta")
+    with pytest.raises(ContextNotFound):
+        again.get("beta")
+
+
+def test_non_finite_vectors_are_damaged_even_with_a_good_checksum(tmp_path):
+    store = ContextStore(tmp_path, "model-a")
+    bad = context("nan")
+    bad.vectors[1, 2] = float("nan")
+    put(store, bad)  # written as given; the check is at load
+    store.close()
+    with pytest.raises(ContextDamaged, match="NaN"):
+        ContextStore(tmp_path, "model-a").get("nan")
+
+
+def test_a_state_dir_that_cannot_be_written_is_named(tmp_path, monkeypatch):
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with pytest.raises(StateDirError, match=str(tmp_path / "ro")) as error:
+        ContextStore(tmp_path / "ro", "model-a")
+    assert "Permission denied" in str(error.value) and isinstance(error.value, RuntimeError)
+
+
+def test_replicas_share_one_state_dir(tmp_path):
+    a = ContextStore(tmp_path, "model-a", refresh_seconds=0)
+    b = ContextStore(tmp_path, "model-a", refresh_seconds=0)
+    put(a, context("alpha"))
+    assert b.get("alpha").fingerprint == "fp-alpha-0"  # created through one replica, served by the other
+    put(b, context("alpha", seed=4), replace=True)
+    assert torch.equal(a.get("alpha").vectors, context("alpha", seed=4).vectors)
+    a.delete("alpha")
+    with pytest.raises(ContextNotFound):
+        b.get("alpha")
+    put(b, context("beta"))
+    a.delete("beta")  # a replica deletes what another made, whether or not it has read it yet
+    assert [c.name for c in b.list()] == []
+
+
+def test_two_creates_of_one_name_through_two_replicas_give_one_success(tmp_path):
+    a = ContextStore(tmp_path, "model-a", refresh_seconds=0)
+    b = ContextStore(tmp_path, "model-a", refresh_seconds=0)
+    a.reserve("gamma", replace=False)
+    b.reserve("gamma", replace=False)  # neither knows of the other's create yet
+    a.commit(context("gamma"))
+    with pytest.raises(ContextExists, match="another replica"):
+        b.commit(context("gamma", seed=2))
+    assert b.get("gamma").seed == 0 and a.get("gamma").seed == 0
+    b.reserve("gamma", replace=True)  # the failed create gave its name back
+    b.release("gamma")
+
+
+def test_a_delete_holds_no_lock_a_lookup_waits_for_across_fsync(tmp_path, monkeypatch):
+    store = ContextStore(tmp_path, "model-a")
+    put(store, context("alpha"))
+    put(store, context("beta"))
+    lookups = []
+
+    def slow_fsync(folder):
+        reader = threading.Thread(target=lambda: lookups.append(store.get("beta").name))
+        reader.start()
+        reader.join(timeout=5)  # a lookup (the event loop's) runs while the delete is in its fsync
+        assert not reader.is_alive()
+
+    monkeypatch.setattr(context_files, "fsync_dir", slow_fsync)
+    store.delete("alpha")
+    assert lookups == ["beta"]
 
 
 def test_without_a_state_dir_nothing_is_written(tmp_path, monkeypatch):
@@ -157,7 +253,7 @@ def _embed(server, name: str, texts: list[str]) -> np.ndarray:
     with server.client() as client:
         response = client.post(
             "/v1/embeddings",
-            json={"model": "tiny-cde", "input": texts, "context": name, "encoding_format": "base64"},
+            json={"model": "tiny-cde", "input": texts, "context": name, "encoding_format": "base64", "truncate": True},
         )
     assert response.status_code == 200, response.text
     return np.stack([np.frombuffer(base64.b64decode(r["embedding"]), dtype="<f4") for r in response.json()["data"]])

@@ -1,7 +1,13 @@
-"""The engine in-process: a server context is what ``set_context`` makes in-process, switching contexts between
-batches changes nothing, prompts, token counts, and which folders load as contextual."""
+"""The engine in-process: a server context is what ``set_context`` makes in-process (the library's sample, vectors
+and counts), switching contexts between batches changes nothing and reads no weight, the keys/values of several
+contexts kept under a budget, a creation interleaved with embeddings, prompts, token counts, and which folders load
+as contextual."""
 
 from __future__ import annotations
+
+import asyncio
+import atexit
+import warnings
 
 import numpy as np
 import pytest
@@ -10,9 +16,9 @@ from sample_texts import SHORT_DOCS, TOPIC_DOCS
 from serving_helpers import MAX_SEQ_LENGTH
 
 from cde_st import ContextualSentenceTransformer
-from cde_st.modules import context_attention
+from cde_st.modules import context_attention, contextual_transformer
+from cde_st.serving.context_errors import ContextTooLarge, NonFiniteEmbedding
 from cde_st.serving.engine import Engine, load_model
-from cde_st.serving.errors import ApiError
 
 
 @pytest.fixture
@@ -20,14 +26,124 @@ def engine(cde_dir) -> Engine:
     return Engine(ContextualSentenceTransformer(cde_dir), served_name="tiny-cde")
 
 
-def test_a_context_is_what_set_context_makes(engine, cde_model):
+def test_a_context_is_what_set_context_makes(engine, cde_dir, cde_model):
     made = engine.make_context("topics", TOPIC_DOCS, None, seed=4)
     vectors, info = cde_model.contextual_module.embed_context(TOPIC_DOCS, seed=4)
     assert made.fingerprint == info.fingerprint and made.size == info.size == 8 and made.corpus_size == 12
-    assert torch.equal(made.vectors, vectors.float().cpu())
-    with pytest.raises(ApiError) as error:
+    assert torch.allclose(made.vectors, vectors.float().cpu(), atol=1e-5)  # smaller batches: other padding
+    in_batches_of_32 = Engine(ContextualSentenceTransformer(cde_dir), context_batch_size=32)
+    assert torch.equal(in_batches_of_32.make_context("topics", TOPIC_DOCS, None, seed=4).vectors, vectors.cpu())
+    in_batches_of_32.close()
+    with pytest.raises(ContextTooLarge) as error:
         engine.make_context("big", TOPIC_DOCS, 9, seed=0)
-    assert error.value.status == 400 and error.value.param == "size"
+    assert error.value.param == "size"
+
+
+def test_corpus_size_counts_distinct_documents_as_the_library_does(engine, cde_model):
+    corpus = TOPIC_DOCS + TOPIC_DOCS[:3] + ["   ", ""]  # repeats and blanks: the corpus is a set of documents
+    made = engine.make_context("repeats", corpus, None, seed=2)
+    info = cde_model.contextual_module.embed_context(corpus, seed=2)[1]
+    assert made.corpus_size == info.corpus_size == len(TOPIC_DOCS)
+    assert made.fingerprint == info.fingerprint
+
+
+def test_switching_contexts_reads_no_weight_and_keeps_their_keys_values(cde_dir, monkeypatch):
+    engine = Engine(ContextualSentenceTransformer(cde_dir), served_name="tiny-cde")
+    contexts = [engine.make_context(f"c{i}", TOPIC_DOCS, None, seed=i) for i in range(3)]
+    engine.embed(["warm"], "query", contexts[0])  # the engine's one weights check
+    reads, computed = [], []
+    original = contextual_transformer.first_stage_fingerprint
+    monkeypatch.setattr(contextual_transformer, "first_stage_fingerprint", lambda *a: reads.append(1) or original(*a))
+    adapter = engine.model.contextual_module.second_adapter
+    states = adapter.context_states
+    monkeypatch.setattr(adapter, "context_states", lambda *a: computed.append(1) or states(*a))
+    first = [engine.embed(SHORT_DOCS, "query", c).embeddings for c in contexts]
+    for _ in range(2):
+        for context, embedded in zip(contexts, first):
+            assert np.array_equal(engine.embed(SHORT_DOCS, "query", context).embeddings, embedded)
+    assert reads == []  # a switch re-reads no first-stage weight
+    assert len(computed) == 2  # contexts[0]'s were made by the warm-up; each other context's once, then kept
+    stats = engine.cache_stats()
+    assert stats.contexts == 3 and stats.evictions == 0 and stats.bytes > 0
+    engine.close()
+
+
+def test_a_budget_keeps_the_most_recently_used_contexts(cde_dir, monkeypatch):
+    engine = Engine(ContextualSentenceTransformer(cde_dir), served_name="tiny-cde")
+    contexts = [engine.make_context(f"c{i}", TOPIC_DOCS, None, seed=i) for i in range(3)]
+    engine.embed(["warm"], "query", contexts[0])
+    one = engine.cache_stats().bytes
+    engine.close()
+    engine = Engine(ContextualSentenceTransformer(cde_dir), served_name="tiny-cde", context_cache_bytes=2 * one)
+    computed = []
+    adapter = engine.model.contextual_module.second_adapter
+    states = adapter.context_states
+    monkeypatch.setattr(adapter, "context_states", lambda *a: computed.append(1) or states(*a))
+    for context in contexts + contexts:  # round robin over three with room for two: every switch recomputes
+        engine.embed(["a query"], "query", context)
+    assert len(computed) == 6
+    assert engine.cache_stats().contexts == 2 and engine.cache_stats().evictions == 4
+    computed.clear()
+    for context in [contexts[1], contexts[2], contexts[1]]:  # the two most recent are kept
+        engine.embed(["a query"], "query", context)
+    assert computed == []
+    engine.close()
+
+
+def test_the_null_context_is_served_without_a_warning_or_warnings_state(engine, monkeypatch, recwarn):
+    touched = []
+    monkeypatch.setattr(warnings, "catch_warnings", lambda *a, **k: touched.append(1))  # not thread-safe
+    null = engine.embed(SHORT_DOCS, "query", None).embeddings
+    monkeypatch.undo()
+    assert touched == [] and not [w for w in recwarn if issubclass(w.category, UserWarning)]
+    empty = torch.zeros(0, engine.dimension)  # no vectors: every slot is the null vector
+    expected = engine.model.encode(SHORT_DOCS, prompt=engine.prompt_for("query"), context_vectors=empty)
+    assert np.abs(null - expected).max() <= 1e-5
+
+
+def test_an_engine_is_closed_explicitly_not_at_exit(cde_dir, monkeypatch):
+    registered = []
+    monkeypatch.setattr(atexit, "register", lambda *a, **k: registered.append(a))
+    engine = Engine(ContextualSentenceTransformer(cde_dir))
+    assert registered == []
+    engine.close()
+    assert engine.model.contextual_module._one_check_depth == 0  # noqa: SLF001 (the scope it held is closed)
+
+
+def test_non_finite_embeddings_are_never_answered(engine):
+    with torch.no_grad():
+        engine.model.contextual_module.null_vector.fill_(float("nan"))  # a broken model: NaN in every answer
+    with pytest.raises(NonFiniteEmbedding):
+        engine.embed(["a query"], "query", None)
+
+
+def test_a_creation_lets_embeddings_run_between_its_batches(cde_dir, monkeypatch):
+    engine = Engine(ContextualSentenceTransformer(cde_dir), served_name="tiny-cde", context_batch_size=2)
+    events = []
+    module = engine.model.contextual_module
+    first_stage = module.embed_context_features
+    monkeypatch.setattr(module, "embed_context_features", lambda f: events.append("context") or first_stage(f))
+
+    asked = []
+    engine.waiting = lambda: asked.append(1) or 0  # queued embedding texts, which go first (none here)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        creation = asyncio.ensure_future(engine.create_context("big", TOPIC_DOCS, None, seed=1))
+        while not creation.done():
+            await loop.run_in_executor(
+                engine.executor, lambda: events.append("embed") or engine.embed(["q"], None, None)
+            )
+        return await creation
+
+    made = asyncio.run(run())
+    contexts = [i for i, event in enumerate(events) if event == "context"]
+    assert len(contexts) == 4  # J = 8 documents, 2 per batch
+    assert "embed" in events[contexts[0] : contexts[-1]]  # embeddings ran while the context was made
+    assert len(asked) >= 3  # between two batches, the creation asks whether embeddings are waiting
+    expected = engine.make_context("big", TOPIC_DOCS, None, seed=1)
+    assert made.fingerprint == expected.fingerprint and torch.equal(made.vectors, expected.vectors)
+    engine.close()
 
 
 def test_switching_contexts_between_batches_changes_nothing(engine, cde_model):

@@ -1,5 +1,5 @@
 """``cde-st-serve``'s refusals before it serves: no serve extra, an unset API-key variable, bad limits, a state
-directory another server holds."""
+directory it cannot use."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from cde_st.serving.contexts import ContextStore
 from cde_st.serving.serve_command import main
 
 
@@ -26,9 +25,9 @@ def test_an_unset_key_variable_and_bad_limits_are_refused(monkeypatch):
         main(["any-model", "--max-batch-size", "0"])
 
 
-def test_a_state_dir_in_use_is_refused(cde_dir, tmp_path):
+def test_a_state_dir_that_cannot_be_used_is_named(cde_dir, tmp_path):
     pytest.importorskip("fastapi")
-    holder = ContextStore(tmp_path, "whatever")  # another server's lock on the folder
-    with pytest.raises(SystemExit, match="Another cde-st-serve process"):
-        main([cde_dir, "--state-dir", str(tmp_path), "--port", "0"])
-    assert holder.list() == []
+    not_a_folder = tmp_path / "state"
+    not_a_folder.write_text("a file, not a directory")
+    with pytest.raises(SystemExit, match=f"The state directory {not_a_folder} cannot be used"):
+        main([cde_dir, "--state-dir", str(not_a_folder), "--port", "0"])

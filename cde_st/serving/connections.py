@@ -1,0 +1,63 @@
+"""Bounds on connections: a time limit for a request to arrive, and the HTTP protocol that enforces it.
+
+uvicorn closes a connection idle *after* an answer (``timeout_keep_alive``) but gives a connection that opened and
+sends nothing, or sends its headers or body a byte at a time, all the time it wants: a thousand such sockets hold
+a thousand file descriptors and the server stops accepting (``/health`` times out). :func:`read_timeout_protocol`
+makes uvicorn's h11 protocol close a connection whose request (headers and body) has not fully arrived within
+``seconds`` of the connection opening or of the previous answer. ``--max-connections`` (uvicorn's
+``limit_concurrency``) caps what is left: past it uvicorn answers 503 at once.
+"""
+
+from __future__ import annotations
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["ReadTimeoutH11Protocol", "read_timeout_protocol"]
+
+
+class ReadTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request is not complete ``read_timeout`` seconds after
+    the connection opened or the previous answer was sent."""
+
+    read_timeout = 10.0
+    _read_timer = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_read_timer()
+
+    def _arm_read_timer(self) -> None:
+        self._cancel_read_timer()
+        self._read_timer = self.loop.call_later(self.read_timeout, self._read_timed_out)
+
+    def _cancel_read_timer(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _read_timed_out(self) -> None:
+        self._read_timer = None
+        if self.conn.their_state not in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED) and not self.transport.is_closing():
+            self.transport.close()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):
+            self._cancel_read_timer()  # the request has arrived: the time limit now is the work's, not ours
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm_read_timer()
+
+    def connection_lost(self, exc) -> None:
+        self._cancel_read_timer()
+        super().connection_lost(exc)
+
+
+def read_timeout_protocol(seconds: float) -> type[ReadTimeoutH11Protocol]:
+    """The protocol class to give uvicorn (``Config(http=...)``) for a request time limit of ``seconds``."""
+    if seconds <= 0:
+        raise ValueError(f"the request read timeout must be > 0 seconds, got {seconds}.")
+    return type("ReadTimeoutH11Protocol", (ReadTimeoutH11Protocol,), {"read_timeout": float(seconds)})

@@ -1,0 +1,157 @@
+"""One stored context as one file: ``NAME.safetensors`` holding the float32 vectors, the rest as JSON metadata,
+with a checksum over both.
+
+Writing is atomic: a temporary file in the same folder is written and fsynced, renamed over the old one
+(``os.replace``), and the folder fsynced, so a process killed at any point leaves the old file or the new one,
+never half of one. Reading checks what a rename cannot promise: the checksum (a disk or copy fault, a hand edit),
+the format, the name, the shape and that every value is finite; a file failing any check raises
+:class:`~cde_st.serving.context_errors.ContextDamaged`. Files written before checksums existed are read with every
+other check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
+
+from cde_st.serving.context_errors import ContextDamaged
+
+__all__ = ["METADATA_KEY", "PAUSE_ENV", "SUFFIX", "TEMP_PREFIX", "StoredContext", "fsync_dir", "read", "write"]
+
+SUFFIX = ".safetensors"
+TEMP_PREFIX = ".tmp-"
+METADATA_KEY = "cde_st_serving_context"
+#: Test-only: seconds to sleep after the temporary file is written and fsynced and before it is renamed into
+#: place, so a test can SIGKILL the server exactly inside a context write. Unset in any real deployment.
+PAUSE_ENV = "CDE_ST_SERVE_TEST_PAUSE_BEFORE_RENAME"
+
+
+@dataclass(eq=False)  # compared by identity: a replaced context is another object, even with equal fields
+class StoredContext:
+    """A named context: J first-stage vectors and what identifies them (see :mod:`cde_st.serving.contexts`)."""
+
+    name: str
+    fingerprint: str
+    size: int
+    seed: int | None
+    vectors: torch.Tensor  # (size, d) float32, CPU
+    model_identity: str
+    corpus_size: int | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    origin: str = "request"  # "request": made through the API; "model": the model folder's saved context
+
+    def describe(self) -> dict:
+        """The context as the API answers it."""
+        return {
+            "object": "context",
+            "name": self.name,
+            "fingerprint": self.fingerprint,
+            "size": self.size,
+            "seed": self.seed,
+            "corpus_size": self.corpus_size,
+            "created": self.created,
+            "origin": self.origin,
+        }
+
+    def metadata(self) -> dict:
+        """What the file records beside the vectors."""
+        return {
+            "name": self.name,
+            "fingerprint": self.fingerprint,
+            "size": self.size,
+            "seed": self.seed,
+            "model_identity": self.model_identity,
+            "corpus_size": self.corpus_size,
+            "created": self.created,
+        }
+
+
+def _checksum(vectors: torch.Tensor, meta: dict) -> str:
+    digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode("utf-8"))
+    digest.update(str(tuple(vectors.shape)).encode("ascii"))
+    digest.update(vectors.float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or unlink in ``folder`` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write(folder: Path, context: StoredContext) -> Path:
+    """Write ``context`` to ``folder/NAME.safetensors`` atomically (temporary file, fsync, rename, folder fsync);
+    returns the path. Blocking: call it off the event loop."""
+    meta = context.metadata()
+    vectors = context.vectors.float().contiguous()
+    meta["checksum"] = _checksum(vectors, meta)
+    data = save({"vectors": vectors}, metadata={METADATA_KEY: json.dumps(meta)})
+    final = folder / f"{context.name}{SUFFIX}"
+    temp = folder / f"{TEMP_PREFIX}{context.name}-{os.getpid()}-{threading.get_ident()}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        pause = os.environ.get(PAUSE_ENV)
+        if pause:
+            time.sleep(float(pause))
+        os.replace(temp, final)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_dir(folder)
+    return final
+
+
+def read(path: Path, name: str) -> StoredContext:
+    """The context stored at ``path`` (named ``name``); :class:`ContextDamaged` naming the fault when the file
+    fails a check. An unreadable file (permissions, I/O) raises its OSError."""
+    try:
+        with safe_open(path, framework="pt") as f:
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+            meta = json.loads((f.metadata() or {}).get(METADATA_KEY, "null"))
+    except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
+        raise ContextDamaged(f"Context {name!r} is damaged: {path} is not a readable context file ({exc}).") from None
+    try:
+        return _checked(path, name, tensors, meta)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ContextDamaged(f"Context {name!r} is damaged: {path}: {exc}") from None
+
+
+def _checked(path: Path, name: str, tensors: dict, meta) -> StoredContext:
+    if not isinstance(meta, dict) or "vectors" not in tensors:
+        raise ValueError("not a cde-st-serve context file (no metadata or no vectors)")
+    vectors = tensors["vectors"].float()
+    expected = meta.pop("checksum", None)
+    if expected is not None and _checksum(vectors, meta) != expected:
+        raise ValueError("its checksum does not match its contents (the file was altered after it was written)")
+    if meta.get("name") != name:
+        raise ValueError(f"the file is named {name!r} but records the context {meta.get('name')!r}")
+    if vectors.ndim != 2 or len(vectors) != meta["size"]:
+        raise ValueError(f"vectors of shape {tuple(vectors.shape)} do not match size={meta['size']}")
+    if not torch.isfinite(vectors).all():
+        raise ValueError("its vectors hold NaN or infinite values")
+    return StoredContext(
+        name=name,
+        fingerprint=str(meta["fingerprint"]),
+        size=int(meta["size"]),
+        seed=meta.get("seed"),
+        vectors=vectors,
+        model_identity=str(meta["model_identity"]),
+        corpus_size=meta.get("corpus_size"),
+        created=int(meta.get("created", 0)),
+    )

@@ -1,0 +1,154 @@
+"""Tokenising a request before it reaches the model's thread, and the features of a forward built from requests.
+
+A request is tokenised when it arrives (:class:`RequestTokenizer`; a short one on the event loop, a longer one in
+the engine's tokenizer thread, each with its own tokenizer copy): its texts
+are first cut by :func:`cde_st.text_bounds.bound_text` (a 5 MB text costs a few KB of tokenising and memory), then
+counted (how many tokens each has, so an over-long input is refused or reported as truncated without a second
+tokenising of the whole text) and turned into the model's features. The model's thread only pads the features of
+the requests batched together (:meth:`RequestTokenizer.chunks`), sorted by length as ``encode`` sorts them.
+
+The tokenizer thread works on its own copy of the tokenizer: a fast tokenizer whose truncation settings change in
+one thread while another encodes raises "Already borrowed", and the model's thread tokenises too (the first stage
+of a new context). The features must be what ``model.preprocess`` gives, so a server answer equals ``encode``: at
+start the copy's features are compared with ``preprocess`` on probe texts for every prompt; a model where they
+differ (another input module, left padding) is tokenised by ``preprocess`` in the model's thread instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cde_st.text_bounds import bound_texts
+
+__all__ = ["RequestTokenizer", "Tokens"]
+
+logger = logging.getLogger(__name__)
+
+_PROBES = ["a", "what causes rain?", " ".join(["word"] * 600)]
+
+
+@dataclass
+class Tokens:
+    """One request's texts, tokenised. ``texts``: the (bounded) texts; ``lengths``: tokens the model reads per text;
+    ``counted``: tokens per text before truncation (a lower bound where ``cut``: the text was longer still);
+    ``features``: the model's features for the request (None: ``preprocess`` runs in the model's thread)."""
+
+    texts: list[str]
+    prompt: str
+    lengths: np.ndarray
+    counted: np.ndarray
+    cut: np.ndarray
+    features: dict | None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def truncated(self) -> np.ndarray:
+        """Per text: whether the model reads only part of it."""
+        return self.counted > self.lengths
+
+    @property
+    def longest(self) -> int:
+        return int(self.lengths.max()) if len(self.lengths) else 0
+
+
+class RequestTokenizer:
+    """Tokenises requests for ``model`` (a SentenceTransformer) exactly as its ``preprocess`` does, truncating at
+    ``max_seq_length``; ``prompts`` are the prompt texts requests may get (checked at construction)."""
+
+    def __init__(self, model, max_seq_length: int, prompts: Sequence[str]) -> None:
+        self.model, self.max_seq_length = model, max_seq_length
+        self.tokenizer = copy.deepcopy(model.tokenizer)
+        self._constants: dict[str, dict] = {}
+        self._pads = {
+            "input_ids": self.tokenizer.pad_token_id,
+            "attention_mask": 0,
+            "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0),
+        }
+        self.exact = all(self._check(prompt) for prompt in dict.fromkeys(prompts))
+        if not self.exact:
+            logger.warning("The model's preprocess differs from its tokenizer's: requests are tokenised in its thread.")
+
+    def _check(self, prompt: str) -> bool:
+        """Whether the copy's features for ``prompt`` equal ``preprocess``'s; keeps the features that are not
+        per-token (``prompt_length``, ``modality``) to add to every request's."""
+        if self.tokenizer.padding_side != "right" or self.tokenizer.pad_token_id is None:
+            return False
+        try:
+            expected = dict(self.model.preprocess(_PROBES, prompt=prompt))
+        except Exception:
+            return False
+        got = self._encode(_PROBES, prompt)
+        constants = {k: v for k, v in expected.items() if k not in got}
+        if any(isinstance(v, torch.Tensor) and v.dim() > 1 for v in constants.values()) or set(got) - set(expected):
+            return False
+        if not all(torch.equal(got[k], expected[k]) for k in got) or set(got) - set(self._pads):
+            return False
+        self._constants[prompt] = constants
+        return True
+
+    def _encode(self, texts: list[str], prompt: str) -> dict:
+        prompted = [prompt + t for t in texts]
+        kwargs = dict(padding=True, truncation="longest_first", max_length=self.max_seq_length, return_tensors="pt")
+        return dict(self.tokenizer(prompted, **kwargs))
+
+    def tokenize(self, texts: Sequence[str], prompt: str) -> Tokens:
+        """Cut, count and (when exact) tokenise one request's ``texts`` with ``prompt`` prepended; runs in the
+        tokenizer thread, never two calls at a time."""
+        bounded = bound_texts(texts, self.max_seq_length, self.tokenizer)
+        cut = np.array([len(b) < len(t) for b, t in zip(bounded, texts)], dtype=bool)
+        # The bounded texts are short, so counting them whole is cheap: an exact count of every text not cut.
+        ids = self.tokenizer([prompt + t for t in bounded], truncation=False, verbose=False)["input_ids"]
+        counted = np.array([len(row) for row in ids], dtype=np.int64)
+        lengths = np.minimum(counted, self.max_seq_length)
+        features = None
+        if self.exact:
+            features = self._encode(bounded, prompt)
+            features.update(self._constants[prompt])  # every prompt a request can get was checked at start
+        return Tokens(bounded, prompt, lengths, counted, cut, features)
+
+    def chunks(
+        self, parts: Sequence[Tokens], max_batch_size: int, max_batch_tokens: int | None = None
+    ) -> Iterator[tuple[np.ndarray, dict]]:
+        """The forwards of a batch of requests (in the model's thread): (positions of the texts in the batch, their
+        features), longest texts first as ``encode`` orders them, each of at most ``max_batch_size`` texts and,
+        when given, ``max_batch_tokens`` tokens counted with padding (texts times the longest; one text at least)."""
+        lengths = np.concatenate([part.lengths for part in parts])
+        order = np.argsort(-lengths, kind="stable")
+        merged = self._merge(parts) if all(p.features is not None for p in parts) else None
+        texts = [t for part in parts for t in part.texts]
+        start = 0
+        while start < len(order):
+            stop = min(start + max_batch_size, len(order))
+            if max_batch_tokens is not None:  # sorted: the chunk's first text is its longest
+                stop = min(stop, start + max(1, max_batch_tokens // max(int(lengths[order[start]]), 1)))
+            positions = order[start:stop]
+            if merged is None:
+                features = dict(self.model.preprocess([texts[i] for i in positions], prompt=parts[0].prompt))
+            else:
+                width = int(lengths[positions].max())
+                index = torch.as_tensor(positions)
+                features = {k: v[index, :width] if k in self._pads else v for k, v in merged.items()}
+            yield positions, features
+            start = stop
+
+    def _merge(self, parts: Sequence[Tokens]) -> dict:
+        """The requests' features as one padded batch (right padding with the tokenizer's pad values)."""
+        width = max(part.features["input_ids"].shape[1] for part in parts)
+        merged = dict(parts[0].features)
+        for key, pad in self._pads.items():
+            if key not in merged:
+                continue
+            rows = [
+                torch.nn.functional.pad(p.features[key], (0, width - p.features[key].shape[1]), value=pad)
+                for p in parts
+            ]
+            merged[key] = torch.cat(rows)
+        return merged

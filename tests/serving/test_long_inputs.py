@@ -1,0 +1,179 @@
+"""Inputs longer than the model reads, through real ``cde-st-serve`` processes: refused by default with OpenAI's
+400 naming the input and its length, truncated on request or with ``--truncate`` (equal to in-process encode, the
+count in the answer), a 5 MB input answered without stalling other clients, and batches bounded in tokens."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from serving_helpers import API_KEY, MAX_SEQ_LENGTH
+
+pytest.importorskip("fastapi", reason="the server needs the serve extra (pip install -e '.[dev]')")
+openai = pytest.importorskip("openai", reason="the tests' client (pip install -e '.[dev]')")
+
+LONG = " ".join(["glacier"] * 100)  # far over MAX_SEQ_LENGTH tokens
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def test_an_over_long_input_is_refused_unless_the_request_truncates(cde_server, cde_model):
+    client = openai.OpenAI(base_url=f"{cde_server.url}/v1", api_key=API_KEY, max_retries=0)
+    body = {"model": "tiny-cde", "input": ["short", "tiny", LONG], "truncate": False}
+    with cde_server.client() as http:
+        refused = http.post("/v1/embeddings", json=body)
+        single = http.post("/v1/embeddings", json={**body, "input": LONG})
+        kept = http.post("/v1/embeddings", json={**body, "truncate": True, "input_type": "document"})
+    assert refused.status_code == 400 and single.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == "input[2]" and error["code"] == "context_length_exceeded"
+    count = len(cde_model.tokenizer(cde_model.prompts["document"] + LONG)["input_ids"])
+    # LONG is cut before tokenising (over 32 words): its length is given as a lower bound
+    assert "input[2]" in error["message"] and "32 tokens" in error["message"] and "at least" in error["message"]
+    assert int(error["message"].split("at least ")[1].split()[0]) <= count
+    medium = " ".join(["glacier"] * 20)  # not cut (20 words), still over 32 tokens: its exact length
+    with cde_server.client() as http:
+        exact = http.post("/v1/embeddings", json={**body, "input": ["a", medium]}).json()["error"]
+    count = len(cde_model.tokenizer(cde_model.prompts["document"] + medium)["input_ids"])
+    assert exact["param"] == "input[1]" and f"has {count} tokens" in exact["message"]
+    assert single.json()["error"]["param"] == "input"
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.embeddings.create(model="tiny-cde", input=[LONG], extra_body={"truncate": False})
+    assert kept.status_code == 200 and kept.json()["truncated_inputs"] == 1
+    got = np.array([row["embedding"] for row in kept.json()["data"]], dtype=np.float32)
+    default = cde_model.contextual_module.context_vectors
+    expected = cde_model.encode(body["input"], prompt=cde_model.prompts["document"], context_vectors=default)
+    assert np.abs(got - expected).max() <= 1e-5
+
+
+def test_a_server_refuses_by_default_and_a_plain_model_is_cut_the_same(start_server, plain_dir):
+    from sentence_transformers import SentenceTransformer
+
+    server = start_server(plain_dir, "--served-model-name", "plain")
+    with server.client() as http:
+        refused = http.post("/v1/embeddings", json={"model": "plain", "input": ["ok", LONG]})
+        texts = ["ok", LONG, LONG + " \x00\u2028 tail"]
+        kept = http.post("/v1/embeddings", json={"model": "plain", "input": texts, "truncate": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input[1]"
+    assert kept.status_code == 200 and kept.json()["truncated_inputs"] == 2
+    got = np.array([row["embedding"] for row in kept.json()["data"]], dtype=np.float32)
+    model = SentenceTransformer(plain_dir)
+    model.max_seq_length = MAX_SEQ_LENGTH if model.max_seq_length is None else model.max_seq_length
+    assert np.abs(got - model.encode(texts)).max() <= 1e-5
+
+
+def test_a_5_mb_input_is_cut_before_tokenising_and_others_keep_flowing(start_server, cde_dir, cde_model):
+    server = start_server(cde_dir, "--served-model-name", "tiny-cde", "--truncate", "--max-body-mb", "32")
+    words = ["rain", "forms", "when", "vapour", "condenses", "glacier", "北京", "café", "x" * 150]
+    rng = np.random.default_rng(0)
+    huge = " ".join(rng.choice(words, size=250_000).tolist())
+    assert len(huge) > 5_000_000
+    latencies, errors = [], []
+    done = threading.Event()
+
+    def short_client():
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            for _ in range(200):  # bounded in count; stops once the large request is answered
+                if done.is_set():
+                    return
+                started = time.perf_counter()
+                response = http.post("/v1/embeddings", json={"model": "tiny-cde", "input": "what causes rain?"})
+                latencies.append(time.perf_counter() - started)
+                if response.status_code != 200:
+                    errors.append(response.text)
+
+    before = _rss_mb(server.proc.pid)
+    thread = threading.Thread(target=short_client)
+    thread.start()
+    started = time.perf_counter()
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        answer = http.post("/v1/embeddings", json={"model": "tiny-cde", "input": [huge, "short"]})
+    seconds = time.perf_counter() - started
+    done.set()
+    thread.join(timeout=60)
+    after = _rss_mb(server.proc.pid)
+    print(
+        f"5 MB input answered in {seconds:.2f} s; {len(latencies)} short requests meanwhile, slowest "
+        f"{max(latencies, default=0) * 1000:.0f} ms; server RSS {before:.0f} -> {after:.0f} MB"
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["truncated_inputs"] == 1 and not errors
+    got = np.array(answer.json()["data"][0]["embedding"], dtype=np.float32)
+    default = cde_model.contextual_module.context_vectors
+    expected = cde_model.encode([huge], prompt=cde_model.prompts["document"], context_vectors=default)[0]
+    assert np.abs(got - expected).max() <= 1e-5
+    assert after - before < 400  # the whole text is never tokenised (it took about 3 GB per 27 MB before)
+
+
+def test_batches_bounded_in_tokens_still_answer_each_request(start_server, cde_dir, cde_model):
+    server = start_server(cde_dir, "--served-model-name", "tiny-cde", "--truncate", "--max-batch-tokens", "40")
+    texts = [f"xylophone quartz {i} " + "zebra " * (i % 3) for i in range(24)]  # spelled letter by letter
+    answers = [None] * len(texts)
+
+    def ask(i):
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            answers[i] = http.post("/v1/embeddings", json={"model": "tiny-cde", "input": texts[i]})
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(texts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    got = np.array([a.json()["data"][0]["embedding"] for a in answers], dtype=np.float32)
+    default = cde_model.contextual_module.context_vectors
+    assert (
+        np.abs(got - cde_model.encode(texts, prompt=cde_model.prompts["document"], context_vectors=default)).max()
+        <= 1e-5
+    )
+    with httpx.Client(base_url=server.url) as http:
+        metrics = dict(
+            line.rsplit(" ", 1)
+            for line in http.get("/metrics").text.splitlines()
+            if line.startswith("cde_st_batch_size_texts")
+        )
+    # Each text is over 20 tokens: 40 tokens with padding hold one text, so every forward had one text.
+    prompt = cde_model.prompts["document"]
+    assert min(len(cde_model.tokenizer(prompt + t)["input_ids"]) for t in texts) > 20
+    assert float(metrics['cde_st_batch_size_texts_bucket{le="1.0"}']) == float(metrics["cde_st_batch_size_texts_count"])
+    assert float(metrics["cde_st_batch_size_texts_count"]) >= len(texts)
+
+
+def test_deeply_nested_json_is_a_400(cde_server):
+    with cde_server.client() as http:
+        response = http.post("/v1/embeddings", content=b"[" * 100_000, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+def test_requests_of_clients_that_left_are_not_computed(start_server, cde_dir):
+    server = start_server(cde_dir, "--served-model-name", "tiny-cde", "--truncate")
+    big = {"model": "tiny-cde", "input": [f"xylophone quartz number {i} " * 3 for i in range(2048)]}
+    results = []
+
+    def ask_big():
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            results.append(http.post("/v1/embeddings", json=big).status_code)
+
+    started = time.perf_counter()
+    busy = [threading.Thread(target=ask_big) for _ in range(3)]  # the model thread is busy for a while
+    for thread in busy:
+        thread.start()
+    time.sleep(1.5)  # the big requests are tokenised and queued, the first one in a forward
+    gone = 0
+    for _ in range(5):  # queued behind the big requests, then the client leaves
+        try:
+            httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny-cde", "input": ["left"] * 7}, timeout=0.1)
+        except httpx.TimeoutException:
+            gone += 1
+    for thread in busy:
+        thread.join(timeout=120)
+    print(f"3 x 2048 texts answered in {time.perf_counter() - started:.2f} s; {gone} clients left before an answer")
+    assert results == [200] * 3 and gone >= 1
+    metrics = httpx.get(f"{server.url}/metrics").text
+    texts = next(line for line in metrics.splitlines() if line.startswith("cde_st_batch_size_texts_sum"))
+    assert float(texts.split()[-1]) == 3 * 2048 + 7 * (5 - gone)  # no text of a client that left
