@@ -19,7 +19,7 @@ queries/s of:
 
 Each rate is the best of ``--repeats`` timed calls after a warm-up call; ``max_abs_new_vs_today`` compares the two
 paths' embeddings. Texts are random words of the tokenizer's vocabulary (one token each; documents about 200 tokens,
-queries about 16), made by ``gpu_first_light.make_texts``. Rows run in order (bf16 first) until ``--budget-s`` is
+queries about 16), made by ``random_models.make_texts``. Rows run in order (bf16 first) until ``--budget-s`` is
 spent; what is left is recorded as skipped. Output: ``bench_encode_gpu.json`` (rewritten after every row) and
 ``bench_encode_gpu.md`` in ``--out``.
 """
@@ -40,7 +40,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from gpu_first_light import bi_encoder, build_bert_folder, load_tokenizer, make_texts, mini_contextual  # noqa: E402
+from random_models import bi_encoder, build_bert_folder, load_tokenizer, make_texts, mini_contextual  # noqa: E402
 
 from cde_st import encode_fast, is_contextual  # noqa: E402
 from cde_st.model import contextual_module  # noqa: E402
