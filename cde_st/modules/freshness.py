@@ -81,6 +81,11 @@ class WeightsCheck:
         finally:
             self._depth -= 1
 
+    @property
+    def open_blocks(self) -> int:
+        """How many :meth:`one_per_call` blocks are open (0: every forward compares)."""
+        return self._depth
+
     def is_due(self) -> bool:
         """Whether this forward must compare the weights."""
         if self._depth > 0 and not self._due and self._key is not None:

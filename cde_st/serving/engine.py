@@ -31,7 +31,7 @@ from sentence_transformers.util import batch_to_device
 
 from cde_st.context import ContextInfo
 from cde_st.model import ContextualSentenceTransformer, is_contextual
-from cde_st.modules.context_state import first_stage_fingerprint
+from cde_st.modules.freshness import first_stage_fingerprint
 from cde_st.released import is_released_checkpoint, resolve_name
 from cde_st.serving.context_cache import CacheStats, ContextStateCache
 from cde_st.serving.context_errors import ContextTooLarge, NonFiniteEmbedding

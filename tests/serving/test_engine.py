@@ -107,7 +107,7 @@ def test_an_engine_is_closed_explicitly_not_at_exit(cde_dir, monkeypatch):
     engine = Engine(ContextualSentenceTransformer(cde_dir))
     assert registered == []
     engine.close()
-    assert engine.model.contextual_module._one_check_depth == 0  # noqa: SLF001 (the scope it held is closed)
+    assert engine.model.contextual_module.weights_check.open_blocks == 0  # the scope it held is closed
 
 
 def test_non_finite_embeddings_are_never_answered(engine):
