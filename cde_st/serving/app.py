@@ -92,6 +92,7 @@ class _Service:
             on_batch=self.metrics.observe_batch,
             on_queue=self.metrics.queue_depth.set,
             max_batch_tokens=settings.max_batch_tokens,
+            on_abandoned=self.metrics.abandoned_texts.inc,
         )
         engine.waiting = lambda: self.batcher.pending  # a context creation lets queued embeddings go first
         self.warmed = False  # the model answered a warm-up forward

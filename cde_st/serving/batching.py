@@ -68,7 +68,8 @@ class DynamicBatcher:
     what one request submitted: a sized object, e.g. its tokenised texts, whose ``longest`` attribute, if any, is
     its longest text in tokens); it returns an object whose ``rows(start, stop)`` gives one request's part, rows
     counted across the payloads in order. ``on_batch(n_texts, n_requests)`` and ``on_queue(n_texts)`` observe batch
-    sizes and queue depth (metrics)."""
+    sizes and queue depth (metrics); ``on_abandoned(n_texts)`` the texts of requests whose clients left before
+    their forward (skipped, never computed)."""
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class DynamicBatcher:
         on_batch: Callable[[int, int], None] | None = None,
         on_queue: Callable[[int], None] | None = None,
         max_batch_tokens: int | None = None,
+        on_abandoned: Callable[[int], None] | None = None,
     ) -> None:
         if (
             max_batch_size < 1
@@ -91,7 +93,7 @@ class DynamicBatcher:
         self.run, self.executor = run, executor
         self.max_batch_size, self.max_wait, self.max_queue = max_batch_size, max_wait, max_queue
         self.max_batch_tokens = max_batch_tokens
-        self.on_batch, self.on_queue = on_batch, on_queue
+        self.on_batch, self.on_queue, self.on_abandoned = on_batch, on_queue, on_abandoned
         self._queues: OrderedDict[Hashable, deque[_Request]] = OrderedDict()
         self._pending = 0  # texts queued, not yet handed to a forward
         self._arrival: asyncio.Event | None = None
@@ -203,6 +205,8 @@ class DynamicBatcher:
             request = queue.popleft()
             self._pending -= request.size
             if request.future.done():  # the client went away (its handler was cancelled): nothing to compute
+                if self.on_abandoned is not None:
+                    self.on_abandoned(request.size)
                 continue
             taken.append(request)
             size, longest = size + request.size, max(longest, request.longest)

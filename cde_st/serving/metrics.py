@@ -52,6 +52,11 @@ class Metrics:
             "cde_st_queue_depth_texts", "Texts waiting for a forward pass.", registry=self.registry
         )
         self.texts = Counter("cde_st_embedded_texts", "Texts embedded.", registry=self.registry)
+        self.abandoned_texts = Counter(
+            "cde_st_abandoned_texts",
+            "Texts of requests whose clients left while they were queued (never computed).",
+            registry=self.registry,
+        )
         self.cached_contexts = Gauge(
             "cde_st_context_cache_contexts", "Contexts whose keys/values are kept in memory.", registry=self.registry
         )

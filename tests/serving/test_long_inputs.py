@@ -150,30 +150,26 @@ def test_deeply_nested_json_is_a_400(cde_server):
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
 
 
+def _metric(url: str, name: str) -> float:
+    line = next(line for line in httpx.get(f"{url}/metrics").text.splitlines() if line.startswith(name + " "))
+    return float(line.split()[-1])
+
+
 def test_requests_of_clients_that_left_are_not_computed(start_server, cde_dir):
-    server = start_server(cde_dir, "--served-model-name", "tiny-cde", "--truncate")
-    big = {"model": "tiny-cde", "input": [f"xylophone quartz number {i} " * 3 for i in range(2048)]}
-    results = []
-
-    def ask_big():
-        with httpx.Client(base_url=server.url, timeout=120) as http:
-            results.append(http.post("/v1/embeddings", json=big).status_code)
-
-    started = time.perf_counter()
-    busy = [threading.Thread(target=ask_big) for _ in range(3)]  # the model thread is busy for a while
-    for thread in busy:
-        thread.start()
-    time.sleep(1.5)  # the big requests are tokenised and queued, the first one in a forward
+    # The first request of a batch waits up to a second for others to fill it: clients that leave after 0.1 s leave
+    # while their texts are queued, which must then never reach a forward.
+    server = start_server(cde_dir, "--served-model-name", "tiny-cde", "--max-wait-ms", "1000")
+    request = {"model": "tiny-cde", "input": ["left"] * 7}
     gone = 0
-    for _ in range(5):  # queued behind the big requests, then the client leaves
+    for _ in range(3):
         try:
-            httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny-cde", "input": ["left"] * 7}, timeout=0.1)
+            httpx.post(f"{server.url}/v1/embeddings", json=request, timeout=0.1)
         except httpx.TimeoutException:
             gone += 1
-    for thread in busy:
-        thread.join(timeout=120)
-    print(f"3 x 2048 texts answered in {time.perf_counter() - started:.2f} s; {gone} clients left before an answer")
-    assert results == [200] * 3 and gone >= 1
-    metrics = httpx.get(f"{server.url}/metrics").text
-    texts = next(line for line in metrics.splitlines() if line.startswith("cde_st_batch_size_texts_sum"))
-    assert float(texts.split()[-1]) == 3 * 2048 + 7 * (5 - gone)  # no text of a client that left
+    stayed = httpx.post(f"{server.url}/v1/embeddings", json=request | {"input": ["stayed"] * 5}, timeout=60)
+    assert gone == 3 and stayed.status_code == 200 and len(stayed.json()["data"]) == 5
+    deadline = time.monotonic() + 30  # the server notices the last client leave on its own time
+    while _metric(server.url, "cde_st_abandoned_texts_total") < 21 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _metric(server.url, "cde_st_abandoned_texts_total") == 21
+    assert _metric(server.url, "cde_st_batch_size_texts_sum") == 5  # "stayed" only (the warm-up forward is not batched)
