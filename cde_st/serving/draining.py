@@ -5,7 +5,8 @@ elsewhere) and re-raises the signal after its shutdown, so the process ends kill
 :class:`DrainingServer` instead marks the app as draining (:class:`~cde_st.serving.traffic.TrafficState`: new
 requests get 503 with ``Retry-After``, ``/ready`` says 503 so a load balancer stops sending), lets the requests in
 flight finish, and only then starts uvicorn's shutdown; it exits 0. It gives up waiting after ``drain_timeout``
-seconds; a second signal exits at once.
+seconds; a second signal exits at once. ``on_started`` is called once the app has started (the model loaded and warmed
+up) and the server accepts connections: ``--workers`` tells a worker that failed at start from one that died later.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Callable
 
 import uvicorn
 
@@ -26,10 +28,21 @@ logger = logging.getLogger(__name__)
 class DrainingServer(uvicorn.Server):
     """``uvicorn.Server`` that drains ``traffic`` before shutting down (see the module docstring)."""
 
-    def __init__(self, config: uvicorn.Config, traffic: TrafficState, drain_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        traffic: TrafficState,
+        drain_timeout: float = 30.0,
+        on_started: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
-        self.traffic, self.drain_timeout = traffic, drain_timeout
+        self.traffic, self.drain_timeout, self.on_started = traffic, drain_timeout, on_started
         self._drain_deadline: float | None = None
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit and self.on_started is not None:  # should_exit: the app's start-up failed
+            self.on_started()
 
     def handle_exit(self, sig: int, frame) -> None:
         if self._drain_deadline is not None:  # a second signal: stop now (uvicorn's own handling)

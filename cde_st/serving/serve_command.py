@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import sys
+from functools import partial
 
 logger = logging.getLogger("cde_st.serving")
 
@@ -86,6 +87,7 @@ def _context_options(p) -> None:  # an argument group of the parser
         help="server processes on this port, sharing --state-dir (default 1; each loads the model)",
     )
     p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)  # a --workers child's socket
+    p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)  # a --workers child says "started"
     p.add_argument(
         "--context-refresh-s",
         type=float,
@@ -198,7 +200,14 @@ def main(argv: list[str] | None = None) -> None:
         timeout_keep_alive=args.keep_alive_s,
         timeout_graceful_shutdown=10,
     )
-    DrainingServer(config, app.state.traffic, args.drain_timeout_s).run(sockets=[sock])
+    on_started = None if args.ready_fd is None else partial(_say_started, args.ready_fd)
+    DrainingServer(config, app.state.traffic, args.drain_timeout_s, on_started=on_started).run(sockets=[sock])
+
+
+def _say_started(fd: int) -> None:
+    """A ``--workers`` child tells its parent it serves (:func:`cde_st.serving.workers.run_workers`)."""
+    os.write(fd, b"1")
+    os.close(fd)
 
 
 def _checked_options(args: argparse.Namespace) -> str | None:
