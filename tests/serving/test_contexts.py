@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import signal
 import threading
 import time
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from sample_texts import SHORT_DOCS, TOPIC_DOCS
-from serving_helpers import API_KEY
+from serving_helpers import API_KEY, Server
 
 from cde_st.serving import context_files
 from cde_st.serving.context_errors import (
@@ -269,28 +270,46 @@ def _flags(tmp_path: Path) -> list[str]:
             "CDE_ST_TEST_API_KEY"]  # fmt: skip
 
 
-def test_restart_keeps_fingerprints_and_bit_identical_embeddings(cde_dir, start_server, tmp_path):
-    first = start_server(cde_dir, *_flags(tmp_path))
-    with first.client() as client:
-        for name, docs, seed in [("short", SHORT_DOCS, 1), ("topics", TOPIC_DOCS, 2)]:
-            made = client.post("/v1/contexts", json={"name": name, "documents": docs, "size": 8, "seed": seed})
-            assert made.status_code == 201, made.text
-    before = {name: _embed(first, name, SHORT_DOCS) for name in ("short", "topics", "default")}
-    fingerprints = _fingerprints(first)
+@pytest.fixture(scope="module")
+def stored(cde_dir, tmp_path_factory) -> dict:
+    """One server's state directory after it created three contexts and was stopped by SIGTERM, with what it
+    answered before the stop; each test works on a copy of that directory."""
+    folder = tmp_path_factory.mktemp("stored")
+    first = Server(cde_dir, folder / "server.log", *_flags(folder))
+    try:
+        with first.client() as client:
+            made = {}
+            for name, docs, seed in [("short", SHORT_DOCS, 1), ("topics", TOPIC_DOCS, 2), ("kept", SHORT_DOCS, 0)]:
+                made[name] = client.post(
+                    "/v1/contexts", json={"name": name, "documents": docs, "size": 8, "seed": seed}
+                )
+        before = {name: _embed(first, name, SHORT_DOCS) for name in ("short", "topics", "default")}
+        fingerprints = _fingerprints(first)
+    finally:
+        code = first.stop()
+    return {"state": folder / "state", "made": made, "before": before, "fingerprints": fingerprints, "code": code}
+
+
+def _copy_state(stored: dict, tmp_path: Path) -> None:
+    shutil.copytree(stored["state"], tmp_path / "state")
+
+
+def test_restart_keeps_fingerprints_and_bit_identical_embeddings(cde_dir, start_server, stored, tmp_path):
+    for name in ("short", "topics"):
+        assert stored["made"][name].status_code == 201, stored["made"][name].text
     # SIGTERM: uvicorn shuts down gracefully, then exits by the signal it caught (or 0)
-    assert first.stop() in (0, -signal.SIGTERM)
+    assert stored["code"] in (0, -signal.SIGTERM)
+    _copy_state(stored, tmp_path)
     second = start_server(cde_dir, *_flags(tmp_path))
-    assert _fingerprints(second) == fingerprints
-    for name, embedded in before.items():
+    assert _fingerprints(second) == stored["fingerprints"]
+    for name, embedded in stored["before"].items():
         assert np.array_equal(_embed(second, name, SHORT_DOCS), embedded), name
 
 
-def test_sigkill_during_a_context_write_leaves_the_previous_state(cde_dir, start_server, tmp_path):
-    first = start_server(cde_dir, *_flags(tmp_path))
-    with first.client() as client:
-        made = client.post("/v1/contexts", json={"name": "kept", "documents": SHORT_DOCS, "size": 8, "seed": 0})
+def test_sigkill_during_a_context_write_leaves_the_previous_state(cde_dir, start_server, stored, tmp_path):
+    made = stored["made"]["kept"]
     assert made.status_code == 201
-    first.stop()
+    _copy_state(stored, tmp_path)
     # The test hook holds every write between the fsynced temporary file and its rename.
     paused = start_server(cde_dir, *_flags(tmp_path), env={PAUSE_ENV: "60"})
     baseline = _embed(paused, "kept", TOPIC_DOCS)
@@ -315,4 +334,5 @@ def test_sigkill_during_a_context_write_leaves_the_previous_state(cde_dir, start
     third = start_server(cde_dir, *_flags(tmp_path))
     assert _fingerprints(third)["kept"] == made.json()["fingerprint"]
     assert np.array_equal(_embed(third, "kept", TOPIC_DOCS), baseline)
-    assert sorted(p.name for p in folder.iterdir()) == ["kept.safetensors"]  # the leftover was cleaned up
+    # the leftover was cleaned up (the other contexts of the copied directory stay)
+    assert sorted(p.name for p in folder.iterdir()) == ["kept.safetensors", "short.safetensors", "topics.safetensors"]

@@ -12,14 +12,24 @@ import time
 
 import httpx
 import pytest
+from serving_helpers import Server
 
 pytest.importorskip("fastapi", reason="the server needs the serve extra (pip install -e '.[dev]')")
 
 
-def test_ready_request_ids_and_the_openapi_description(start_server, cde_dir):
-    server = start_server(
-        cde_dir, "--served-model-name", "tiny-cde", "--truncate", "--access-log", "--log-level", "info"
-    )
+@pytest.fixture(scope="module")
+def server(cde_dir, tmp_path_factory):
+    """One server for the tests that only ask it things (the SIGTERM test starts its own): its access log at level
+    info, a 1 s read timeout and at most 100 connections."""
+    folder = tmp_path_factory.mktemp("lifecycle")
+    flags = ["--served-model-name", "tiny-cde", "--truncate", "--access-log", "--log-level", "info",
+             "--read-timeout-s", "1", "--max-connections", "100"]  # fmt: skip
+    started = Server(cde_dir, folder / "server.log", *flags)
+    yield started
+    started.stop(signal.SIGKILL)
+
+
+def test_ready_request_ids_and_the_openapi_description(server):
     with httpx.Client(base_url=server.url, timeout=30) as http:
         ready = http.get("/ready")
         given = http.post(
@@ -75,10 +85,7 @@ def test_sigterm_drains_then_exits_0(start_server, cde_dir):
     assert code == 0, server.output()
 
 
-def test_half_open_connections_are_closed_and_health_answers(start_server, cde_dir):
-    server = start_server(
-        cde_dir, "--served-model-name", "tiny-cde", "--read-timeout-s", "1", "--max-connections", "100"
-    )
+def test_half_open_connections_are_closed_and_health_answers(server):
     host, port = server.url.removeprefix("http://").split(":")
     sockets = []
     try:
@@ -112,12 +119,12 @@ def test_half_open_connections_are_closed_and_health_answers(start_server, cde_d
             s.close()
 
 
-def test_a_request_without_input_type_is_warned_about(start_server, cde_dir):
+def test_a_request_without_input_type_is_warned_about(server):
     """LangChain's and LlamaIndex's OpenAI embeddings send queries with the documents' body: no input_type. The
     server says, in a header of each such answer and once per client in its log, that they were embedded as
     documents."""
     openai = pytest.importorskip("openai", reason="the tests' client (pip install -e '.[dev]')")
-    server = start_server(cde_dir, "--served-model-name", "tiny-cde", "--truncate")
+    warned = server.output().count("embedded as documents")  # other clients' warnings (the server is shared)
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     for _ in range(3):
         silent = client.embeddings.with_raw_response.create(model="tiny-cde", input="what causes rain?")
@@ -125,4 +132,4 @@ def test_a_request_without_input_type_is_warned_about(start_server, cde_dir):
         model="tiny-cde", input="what causes rain?", extra_body={"input_type": "query"}
     )
     assert "input_type" in silent.headers["x-cde-st-warning"] and "x-cde-st-warning" not in said.headers
-    assert server.output().count("embedded as documents") == 1
+    assert server.output().count("embedded as documents") == warned + 1

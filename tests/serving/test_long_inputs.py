@@ -4,13 +4,14 @@ count in the answer), a 5 MB input answered without stalling other clients, and 
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
 import httpx
 import numpy as np
 import pytest
-from serving_helpers import API_KEY, MAX_SEQ_LENGTH
+from serving_helpers import API_KEY, MAX_SEQ_LENGTH, Server
 
 pytest.importorskip("fastapi", reason="the server needs the serve extra (pip install -e '.[dev]')")
 openai = pytest.importorskip("openai", reason="the tests' client (pip install -e '.[dev]')")
@@ -68,8 +69,18 @@ def test_a_server_refuses_by_default_and_a_plain_model_is_cut_the_same(start_ser
     assert np.abs(got - model.encode(texts)).max() <= 1e-5
 
 
-def test_a_5_mb_input_is_cut_before_tokenising_and_others_keep_flowing(start_server, cde_dir, cde_model):
-    server = start_server(cde_dir, "--served-model-name", "tiny-cde", "--truncate", "--max-body-mb", "32")
+@pytest.fixture(scope="module")
+def roomy_server(cde_dir, tmp_path_factory):
+    """A server without a key, taking bodies up to 32 MB and forwards of at most 40 tokens (with padding), for the
+    tests that only ask it things; they read its metrics as increases."""
+    flags = ["--served-model-name", "tiny-cde", "--truncate", "--max-body-mb", "32", "--max-batch-tokens", "40"]
+    server = Server(cde_dir, tmp_path_factory.mktemp("roomy") / "server.log", *flags)
+    yield server
+    server.stop(signal.SIGKILL)
+
+
+def test_a_5_mb_input_is_cut_before_tokenising_and_others_keep_flowing(roomy_server, cde_model):
+    server = roomy_server
     words = ["rain", "forms", "when", "vapour", "condenses", "glacier", "北京", "café", "x" * 150]
     rng = np.random.default_rng(0)
     huge = " ".join(rng.choice(words, size=250_000).tolist())
@@ -111,8 +122,17 @@ def test_a_5_mb_input_is_cut_before_tokenising_and_others_keep_flowing(start_ser
     assert after - before < 400  # the whole text is never tokenised (it took about 3 GB per 27 MB before)
 
 
-def test_batches_bounded_in_tokens_still_answer_each_request(start_server, cde_dir, cde_model):
-    server = start_server(cde_dir, "--served-model-name", "tiny-cde", "--truncate", "--max-batch-tokens", "40")
+def _batch_sizes(url: str) -> dict[str, float]:
+    with httpx.Client(base_url=url) as http:
+        lines = http.get("/metrics").text.splitlines()
+    return {
+        k: float(v) for k, v in (line.rsplit(" ", 1) for line in lines if line.startswith("cde_st_batch_size_texts"))
+    }
+
+
+def test_batches_bounded_in_tokens_still_answer_each_request(roomy_server, cde_model):
+    server = roomy_server
+    before = _batch_sizes(server.url)
     texts = [f"xylophone quartz {i} " + "zebra " * (i % 3) for i in range(24)]  # spelled letter by letter
     answers = [None] * len(texts)
 
@@ -131,17 +151,12 @@ def test_batches_bounded_in_tokens_still_answer_each_request(start_server, cde_d
         np.abs(got - cde_model.encode(texts, prompt=cde_model.prompts["document"], context_vectors=default)).max()
         <= 1e-5
     )
-    with httpx.Client(base_url=server.url) as http:
-        metrics = dict(
-            line.rsplit(" ", 1)
-            for line in http.get("/metrics").text.splitlines()
-            if line.startswith("cde_st_batch_size_texts")
-        )
+    metrics = {k: v - before.get(k, 0.0) for k, v in _batch_sizes(server.url).items()}  # this test's forwards
     # Each text is over 20 tokens: 40 tokens with padding hold one text, so every forward had one text.
     prompt = cde_model.prompts["document"]
     assert min(len(cde_model.tokenizer(prompt + t)["input_ids"]) for t in texts) > 20
-    assert float(metrics['cde_st_batch_size_texts_bucket{le="1.0"}']) == float(metrics["cde_st_batch_size_texts_count"])
-    assert float(metrics["cde_st_batch_size_texts_count"]) >= len(texts)
+    assert metrics['cde_st_batch_size_texts_bucket{le="1.0"}'] == metrics["cde_st_batch_size_texts_count"]
+    assert metrics["cde_st_batch_size_texts_count"] >= len(texts)
 
 
 def test_deeply_nested_json_is_a_400(cde_server):

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from sample_texts import SHORT_DOCS, TOPIC_DOCS
-from serving_helpers import API_KEY, API_KEY_ENV
+from serving_helpers import API_KEY, API_KEY_ENV, Server
 
 from cde_st.serving.contexts import PAUSE_ENV
 
@@ -59,9 +59,28 @@ def _until(condition, what: str, limit: float = SEEN_WITHIN_S):
         time.sleep(0.05)
 
 
-def test_a_context_written_through_one_replica_is_served_by_the_other(cde_dir, start_server, tmp_path):
-    a = start_server(cde_dir, *_flags(tmp_path / "state"))
-    b = start_server(cde_dir, *_flags(tmp_path / "state"))
+@pytest.fixture(scope="module")
+def shared_state(tmp_path_factory) -> Path:
+    """The state directory of :func:`replicas`."""
+    return tmp_path_factory.mktemp("replicas") / "state"
+
+
+@pytest.fixture(scope="module")
+def replicas(cde_dir, shared_state):
+    """Two replicas on one state directory, shared by the tests that only write contexts of their own names
+    through them (a test that kills or restarts a replica starts its own)."""
+    servers = []
+    try:
+        for i in range(2):
+            servers.append(Server(cde_dir, shared_state.parent / f"replica-{i}.log", *_flags(shared_state)))
+        yield servers
+    finally:
+        for server in servers:
+            server.stop(signal.SIGKILL)
+
+
+def test_a_context_written_through_one_replica_is_served_by_the_other(replicas):
+    a, b = replicas
     made = _create(a, "shared", TOPIC_DOCS)
     assert made.status_code == 201, made.text
     _until(lambda: _embed(b, "shared").status_code == 200, "a create seen by the other replica")
@@ -79,8 +98,7 @@ def test_a_context_written_through_one_replica_is_served_by_the_other(cde_dir, s
     assert _embed(b, "shared").json()["error"]["code"] == "context_not_found"
 
 
-def test_two_creates_of_one_name_through_two_replicas(cde_dir, start_server, tmp_path):
-    replicas = [start_server(cde_dir, *_flags(tmp_path / "state")) for _ in range(2)]
+def test_two_creates_of_one_name_through_two_replicas(replicas):
     statuses, barrier = [], threading.Barrier(2)
 
     def post(server):
@@ -97,9 +115,8 @@ def test_two_creates_of_one_name_through_two_replicas(cde_dir, start_server, tmp
     assert fingerprints[0] == fingerprints[1]  # both serve the one that was stored
 
 
-def test_a_replica_killed_inside_a_write_leaves_old_or_new_never_a_mix(cde_dir, start_server, tmp_path):
-    state = tmp_path / "state"
-    steady = start_server(cde_dir, *_flags(state))
+def test_a_replica_killed_inside_a_write_leaves_old_or_new_never_a_mix(replicas, shared_state, cde_dir, start_server):
+    state, steady = shared_state, replicas[0]
     made = _create(steady, "kept", SHORT_DOCS)
     assert made.status_code == 201
     baseline = _vectors(_embed(steady, "kept"))
@@ -123,23 +140,23 @@ def test_a_replica_killed_inside_a_write_leaves_old_or_new_never_a_mix(cde_dir, 
         answer = _embed(server, "kept")
         assert answer.json()["context"]["fingerprint"] == made.json()["fingerprint"]
         assert np.array_equal(_vectors(answer), baseline)
-    assert sorted(p.name for p in folder.iterdir()) == ["kept.safetensors"]  # the leftover was removed
+    # the leftover was removed (the other tests' contexts share the folder)
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith((".tmp-", "kept"))) == ["kept.safetensors"]
     replaced = _create(restarted, "kept", TOPIC_DOCS, seed=5, replace=True)  # writes go on after the kill
     assert replaced.status_code == 201
     new = replaced.json()["fingerprint"]
     _until(lambda: _embed(steady, "kept").json()["context"]["fingerprint"] == new, "the later replace")
 
 
-def test_a_damaged_stored_context_is_answered_as_damaged(cde_dir, start_server, tmp_path):
-    state = tmp_path / "state"
-    first = start_server(cde_dir, *_flags(state))
-    assert _create(first, "fragile", TOPIC_DOCS).status_code == 201
-    first.stop()
-    path = state / "contexts" / "fragile.safetensors"
+def test_a_damaged_stored_context_is_answered_as_damaged(replicas, shared_state, cde_dir, start_server):
+    # Damage outside a write (a disk's) bumps no generation: the running replicas keep what they read, and a
+    # replica started afterwards reads the damaged file.
+    assert _create(replicas[0], "fragile", TOPIC_DOCS).status_code == 201
+    path = shared_state / "contexts" / "fragile.safetensors"
     data = bytearray(path.read_bytes())
     data[-5] ^= 0x7F  # one float of the vectors: still a valid safetensors file
     path.write_bytes(bytes(data))
-    second = start_server(cde_dir, *_flags(state))
+    second = start_server(cde_dir, *_flags(shared_state))
     for response in (_embed(second, "fragile"), second.client().get("/v1/contexts/fragile")):
         assert response.status_code == 409, response.text
         error = response.json()["error"]
