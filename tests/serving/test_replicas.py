@@ -166,26 +166,3 @@ def test_a_damaged_stored_context_is_answered_as_damaged(replicas, shared_state,
     assert np.isfinite(_vectors(_embed(second, "fragile"))).all()
     with second.client(key=API_KEY) as client:
         assert client.delete("/v1/contexts/fragile").status_code == 200
-
-
-def _children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads a process's children from /proc")
-def test_workers_share_one_port_and_one_state_dir(cde_dir, start_server, tmp_path):
-    server = start_server(cde_dir, *_flags(tmp_path / "state"), "--workers", "2")
-    workers = _children(server.proc.pid)
-    assert len(workers) == 2
-    made = _create(server, "pooled", TOPIC_DOCS)
-    assert made.status_code == 201, made.text
-    fingerprint = made.json()["fingerprint"]
-
-    def every_worker_serves_it() -> bool:  # connections go to either worker: twelve answers in a row
-        return all(_embed(server, "pooled").json().get("context", {}).get("fingerprint") == fingerprint
-                   for _ in range(12))  # fmt: skip
-
-    _until(every_worker_serves_it, "the context served through the shared port")
-    assert server.stop() == 0  # SIGTERM reaches both workers; the parent exits 0 once they have
-    assert all(not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
-               for pid in workers)  # fmt: skip

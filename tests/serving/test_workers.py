@@ -1,5 +1,5 @@
-"""``cde-st-serve --workers N`` supervises its processes: a worker that dies is replaced while the others serve, and
-workers that cannot start are not restarted forever."""
+"""``cde-st-serve --workers N``: processes sharing one port and one state directory, supervised (a worker that dies
+is replaced while the others serve; workers that cannot start are not restarted forever)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sample_texts import TOPIC_DOCS
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads a process's children from /proc")
 
@@ -20,23 +21,35 @@ def _children(pid: int) -> set[int]:
     return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
 
 
-def _embed(url: str) -> int | str:
-    """The status of one embedding request on a new connection, or the transport error's name."""
+def _served_fingerprint(url: str, context: str) -> str | None:
+    """The context fingerprint of one embedding answer on a new connection (None: no 200 answer)."""
+    body = {"model": "tiny-cde", "input": ["a query"], "input_type": "query", "context": context}
     try:
-        response = httpx.post(
-            f"{url}/v1/embeddings", json={"model": "tiny-cde", "input": ["a query"], "input_type": "query"}, timeout=30
-        )
-    except httpx.TransportError as exc:
-        return type(exc).__name__
-    return response.status_code
+        response = httpx.post(f"{url}/v1/embeddings", json=body, timeout=30)
+    except httpx.TransportError:
+        return None
+    return response.json()["context"]["fingerprint"] if response.status_code == 200 else None
 
 
-def test_a_killed_worker_is_replaced_while_the_other_serves(cde_dir, start_server, tmp_path):
-    server = start_server(
-        cde_dir, "--served-model-name", "tiny-cde", "--state-dir", str(tmp_path / "state"), "--workers", "2"
-    )
+def _every_worker_serves(url: str, context: str, fingerprint: str, limit: float = 60) -> None:
+    """Twelve answers in a row with ``fingerprint`` (connections go to either worker), within ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while [_served_fingerprint(url, context) for _ in range(12)] != [fingerprint] * 12:
+        assert time.monotonic() < deadline, f"{context!r} not served with {fingerprint} by every worker in {limit} s"
+        time.sleep(0.1)
+
+
+def test_workers_share_one_port_and_state_and_a_killed_one_is_replaced(cde_dir, start_server, tmp_path):
+    server = start_server(cde_dir, "--served-model-name", "tiny-cde", "--state-dir", str(tmp_path / "state"),
+                          "--context-refresh-s", "0.2", "--workers", "2")  # fmt: skip
     first = _children(server.proc.pid)
     assert len(first) == 2
+    with httpx.Client(base_url=server.url, timeout=90) as client:
+        made = client.post("/v1/contexts", json={"name": "pooled", "documents": TOPIC_DOCS, "seed": 0})
+    assert made.status_code == 201, made.text
+    fingerprint = made.json()["fingerprint"]
+    _every_worker_serves(server.url, "pooled", fingerprint)  # a context made through one worker, served by both
+
     victim = min(first)
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 120
@@ -45,10 +58,12 @@ def test_a_killed_worker_is_replaced_while_the_other_serves(cde_dir, start_serve
         assert time.monotonic() < deadline, f"no worker replaced the killed one within 120 s:\n{server.output()}"
         time.sleep(0.1)
     assert now - first and now & first == first - {victim}  # one new process beside the one that kept serving
-    # Requests reach both processes (the kernel spreads connections over them); a new worker accepts once ready.
-    assert [_embed(server.url) for _ in range(12)] == [200] * 12
+    # The new worker accepts connections once it serves, and it serves the stored context.
+    _every_worker_serves(server.url, "pooled", fingerprint)
     assert f"worker {victim} ended with status -9; starting another" in server.output()
-    assert server.stop() == 0
+    assert server.stop() == 0  # SIGTERM reaches both workers; the parent exits 0 once they have
+    assert all(not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+               for pid in now)  # fmt: skip
 
 
 def test_workers_that_cannot_start_end_the_command_with_their_status(tmp_path):
