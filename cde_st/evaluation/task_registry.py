@@ -50,11 +50,15 @@ def _normalise(name: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _registry_index() -> tuple[tuple[str, str, str, str, bool, tuple[str, ...]], ...]:
-    """(name, dataset name, type, superseded_by, multilingual, subsets) of every task in mteb's registry."""
+    """(name, dataset name, type, superseded_by, multilingual, subsets) of every task in mteb's registry (the tasks
+    ``mteb.get_tasks(exclude_superseded=False)`` gives)."""
     import mteb
+    from mteb.get_tasks import TASK_LIST
 
     rows = []
-    for task in mteb.get_tasks(exclude_superseded=False):
+    # The task classes' metadata, as mteb.get_tasks filters them: get_tasks would also build every task (a seeded
+    # torch RNG each, seconds for the whole registry), and the metadata is all this index reads.
+    for task in mteb.filter_tasks(TASK_LIST, exclude_superseded=False, exclude_private=True, exclude_beta=True):
         meta = task.metadata
         path = str((meta.dataset or {}).get("path", ""))
         rows.append(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import importlib
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -135,31 +134,42 @@ def test_without_beir_the_import_error_names_the_extra(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Real collections, on a seeded slice each (every document judged for a test query, then a seeded sample of the
-# others): the whole of SciFact (5,183 long documents) took minutes to encode on a 2-core CPU, and what these tests
-# check, that beir's route and the kit's give one score for one model, context and corpus, holds on any corpus.
-# The kit's full-corpus SciFact score (64.51, the published one) is docs/RESULTS.md's calibration.
+# Real collections, on a seeded slice each (a seeded sample of the test queries, every document judged for them, then
+# a seeded sample of the others): the whole of SciFact (5,183 long documents) took minutes to encode on a 2-core CPU,
+# and what these tests check, that beir's route and the kit's give one score for one model, context and corpus, holds
+# on any corpus. The kit's full-corpus SciFact score (64.51, the published one) is docs/RESULTS.md's calibration.
 
 
-def beir_slice(shared_data: Path, tmp_path_factory, name: str, max_docs: int, seed: int = 0) -> Path:
-    """A BEIR folder (plain corpus.jsonl, as beir's GenericDataLoader reads it) with the test queries and qrels of
-    ``name`` and at most ``max_docs`` of its documents (more only if the judged ones alone exceed it)."""
+def beir_slice(
+    shared_data: Path, tmp_path_factory, name: str, max_docs: int, max_queries: int | None = None, seed: int = 0
+) -> Path:
+    """A BEIR folder (plain corpus.jsonl, as beir's GenericDataLoader reads it) with ``max_queries`` of the test
+    queries of ``name`` (a seeded sample; all when None), their qrels, and at most ``max_docs`` of its documents (more
+    only if the ones judged for those queries alone exceed it)."""
     import random
 
     source = shared_data / "retrieval" / name
     folder = tmp_path_factory.mktemp(f"{name}_slice")
     (folder / "qrels").mkdir()
-    qrels = (source / "qrels" / "test.tsv").read_text()
-    (folder / "qrels" / "test.tsv").write_text(qrels)
-    judged = {line.split("\t")[1] for line in qrels.splitlines()[1:] if line.strip()}
+    header, *rows = [line for line in (source / "qrels" / "test.tsv").read_text().splitlines() if line.strip()]
+    query_ids = sorted({row.split("\t")[0] for row in rows})
+    if max_queries is not None:
+        query_ids = random.Random(seed).sample(query_ids, min(max_queries, len(query_ids)))
+    wanted = set(query_ids)
+    rows = [row for row in rows if row.split("\t")[0] in wanted]
+    (folder / "qrels" / "test.tsv").write_text("".join(line + "\n" for line in [header, *rows]))
+    judged = {row.split("\t")[1] for row in rows}
     with gzip.open(source / "corpus.jsonl.gz", "rt", encoding="utf-8") as f:
         lines = [line for line in f if line.strip()]
     keep = [line for line in lines if json.loads(line)["_id"] in judged]
     others = [line for line in lines if json.loads(line)["_id"] not in judged]
     keep += random.Random(seed).sample(others, max(0, min(len(others), max_docs - len(keep))))
     (folder / "corpus.jsonl").write_text("".join(keep), encoding="utf-8")
-    shutil.copy(source / "queries.jsonl", folder / "queries.jsonl")
-    assert len(keep) >= min(max_docs, len(lines)) // 2 and judged <= {json.loads(line)["_id"] for line in keep}
+    queries = (source / "queries.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    kept_queries = [line for line in queries if line.strip() and json.loads(line)["_id"] in wanted]
+    (folder / "queries.jsonl").write_text("".join(kept_queries), encoding="utf-8")
+    assert len(kept_queries) == len(query_ids) and judged <= {json.loads(line)["_id"] for line in keep}
+    assert len(keep) >= min(max_docs, len(lines)) // 2
     return folder
 
 
@@ -175,8 +185,9 @@ def beir_files(folder: Path) -> dict[str, str]:
 def test_minilm_through_beir_matches_the_kit_on_scifact(shared_data, tmp_path_factory, minilm):
     from sentence_transformers import SentenceTransformer
 
-    folder = beir_slice(shared_data, tmp_path_factory, "scifact", max_docs=500)
+    folder = beir_slice(shared_data, tmp_path_factory, "scifact", max_docs=120, max_queries=40)
     model = SentenceTransformer(minilm)
+    model.max_seq_length = 128  # SciFact abstracts are long: both routes cut them alike, at half the tokens
     search = ContextualExactSearch(model, batch_size=64, show_progress_bar=False)
     score = beir_ndcg10(search, **beir_files(folder))
     kit = evaluate_model(
@@ -191,8 +202,9 @@ def test_minilm_through_beir_matches_the_kit_on_scifact(shared_data, tmp_path_fa
 def test_contextual_minilm_through_beir_matches_the_kit_on_cacm(shared_data, tmp_path_factory, minilm):
     from cde_st import ContextualSentenceTransformer
 
-    folder = beir_slice(shared_data, tmp_path_factory, "cacm", max_docs=600)
-    model = ContextualSentenceTransformer.from_encoder(minilm, context_size=64)
+    folder = beir_slice(shared_data, tmp_path_factory, "cacm", max_docs=100, max_queries=8)
+    # 128 tokens: both routes cut the longer abstracts alike, at half the tokens of MiniLM's 256
+    model = ContextualSentenceTransformer.from_encoder(minilm, context_size=64, max_seq_length=128)
     model.eval()
     search = ContextualExactSearch(model, batch_size=64, context_size=64, context_seed=0, show_progress_bar=False)
     beir_score = beir_ndcg10(search, **beir_files(folder))
