@@ -87,20 +87,32 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _worker(rank: int, init_file: str, tiny_bert_dir: str, mode: str, out: str) -> None:
+def _worker(rank: int, init_file: str, tiny_bert_dir: str, out: str) -> None:
+    """One rank: a step of every mode in turn (fresh models each, the same seeds), in one process group."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
-        model, guide = _models(tiny_bert_dir)
-        loss = _loss(model, guide, mode)
-        loss.model = DistributedDataParallel(model)  # what SentenceTransformerTrainer does under torchrun
-        value = loss(_columns(model, rank), None)
-        value.backward()
-        grads = _grads(model)
-        torch.optim.SGD(model.parameters(), lr=0.5).step()
-        torch.save({"loss": value.detach(), "grads": grads, "weights": model.state_dict()}, f"{out}/rank{rank}.pt")
+        for mode in sorted(MODES):
+            model, guide = _models(tiny_bert_dir)
+            loss = _loss(model, guide, mode)
+            loss.model = DistributedDataParallel(model)  # what SentenceTransformerTrainer does under torchrun
+            value = loss(_columns(model, rank), None)
+            value.backward()
+            grads = _grads(model)
+            torch.optim.SGD(model.parameters(), lr=0.5).step()
+            result = {"loss": value.detach(), "grads": grads, "weights": model.state_dict()}
+            torch.save(result, f"{out}/{mode}-rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ddp_steps(tiny_bert_dir, tmp_path_factory) -> Path:
+    """The folder of every mode's per-rank results: one launch of 2 gloo processes serves the three modes (each
+    process start imports torch and transformers)."""
+    out = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_worker, args=(str(out / "init"), tiny_bert_dir, str(out)), nprocs=WORLD, join=True)
+    return out
 
 
 def _reference(tiny_bert_dir: str, mode: str) -> dict[str, torch.Tensor]:
@@ -163,12 +175,11 @@ def _row_loss(loss: FilteredInfoNCELoss, queries, documents, guide_reps, i: int)
 
 @pytest.mark.slow  # two processes
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_ddp_gradients_equal_a_single_process(tiny_bert_dir, tmp_path, mode):
+def test_ddp_gradients_equal_a_single_process(tiny_bert_dir, ddp_steps, mode):
     """After one step on 2 gloo processes, every parameter of both stages has the gradient of the mean of the
     ranks' losses computed in one process (float64, relative tolerance 1e-9 of the gradient norm), and the weights
     are bit-identical across ranks after the optimiser step."""
-    mp.spawn(_worker, args=(str(tmp_path / "init"), tiny_bert_dir, mode, str(tmp_path)), nprocs=WORLD, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    ranks = [torch.load(ddp_steps / f"{mode}-rank{r}.pt") for r in range(WORLD)]
     reference = _reference(tiny_bert_dir, mode)
 
     assert any(n.startswith("0.first_stage.") for n in reference), "the first stage must receive gradients"

@@ -46,7 +46,7 @@ from cde_st import encode_fast, is_contextual  # noqa: E402
 from cde_st.model import contextual_module  # noqa: E402
 
 FULL = dict(docs=4096, queries=4096, doc_words=200, query_words=16, context_size=512, batches=[128, 512])
-SMOKE = dict(docs=48, queries=64, doc_words=40, query_words=6, context_size=8, batches=[8, 32])
+SMOKE = dict(docs=16, queries=16, doc_words=40, query_words=6, context_size=8, batches=[8, 32])
 TINY_SHAPE = dict(hidden_size=32, layers=6, heads=2, intermediate_size=64)  # six layers: the mini recipe reads 3-5
 METHODS = ("today", "new", "new_budget", "limit")
 
@@ -212,7 +212,20 @@ def write(report: dict, out: Path) -> None:
     (out / "bench_encode_gpu.md").write_text(markdown(report), encoding="utf-8")
 
 
+def row_labels(name: str, args, sizes: dict) -> list[dict]:
+    """The rows of one model, in the order they are measured."""
+    return [
+        {"model": name, "dtype": dtype, "batch": batch, "role": role}
+        for dtype in args.dtypes
+        for batch in sizes["batches"]
+        for role in ("document", "query")
+    ]
+
+
 def measure_model(name, build, texts, context, args, sizes, device, report, deadline) -> None:
+    if time.monotonic() > deadline:  # no row of this model would start: it is not built
+        report["rows"] += [{**label, "status": "skipped: --budget-s spent"} for label in row_labels(name, args, sizes)]
+        return
     model = build().float().to(device).eval()
     if is_contextual(model):
         with torch.inference_mode():
@@ -222,25 +235,23 @@ def measure_model(name, build, texts, context, args, sizes, device, report, dead
         batch = sizes["batches"][0]
         report["profile"] = {"model": name, **profile_encode(model, texts["document"], batch, device, Path(args.out))}
         print(json.dumps({"profile": report["profile"]}, default=float), flush=True)
-    for dtype in args.dtypes:
-        for batch in sizes["batches"]:
-            for role in ("document", "query"):
-                label = {"model": name, "dtype": dtype, "batch": batch, "role": role}
-                if time.monotonic() > deadline:
-                    report["rows"].append({**label, "status": "skipped: --budget-s spent"})
-                    continue
-                start = time.monotonic()
-                autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
-                try:
-                    with autocast:
-                        row = rates(model, texts[role], role, batch, args, device)
-                    row = {**label, "status": "ok", **row, "tokenise_per_s": tokenise[role]}
-                except torch.OutOfMemoryError as exc:
-                    row = {**label, "status": "out of memory", "detail": str(exc)[:200]}
-                row["seconds"] = round(time.monotonic() - start, 2)
-                report["rows"].append(row)
-                print(json.dumps(row, default=float), flush=True)
-                write(report, Path(args.out))
+    for label in row_labels(name, args, sizes):
+        if time.monotonic() > deadline:
+            report["rows"].append({**label, "status": "skipped: --budget-s spent"})
+            continue
+        start = time.monotonic()
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=label["dtype"] == "bf16")
+        role = label["role"]
+        try:
+            with autocast:
+                row = rates(model, texts[role], role, label["batch"], args, device)
+            row = {**label, "status": "ok", **row, "tokenise_per_s": tokenise[role]}
+        except torch.OutOfMemoryError as exc:
+            row = {**label, "status": "out of memory", "detail": str(exc)[:200]}
+        row["seconds"] = round(time.monotonic() - start, 2)
+        report["rows"].append(row)
+        print(json.dumps(row, default=float), flush=True)
+        write(report, Path(args.out))
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
