@@ -181,7 +181,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     app = create_app(engine, store, settings)
 
-    sock = _listen(args.host, args.port) if args.listen_fd is None else socket.socket(fileno=args.listen_fd)
+    if args.listen_fd is None:
+        sock = _listen(args.host, args.port)
+    else:  # a --workers child
+        from cde_st.serving.workers import stop_when_orphaned
+
+        sock = socket.socket(fileno=args.listen_fd)
+        stop_when_orphaned()
     port = sock.getsockname()[1]
     kind = "contextual" if engine.contextual else "plain (no contexts)"
     print(

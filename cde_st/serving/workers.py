@@ -10,7 +10,9 @@ The parent forwards SIGTERM and SIGINT to the children, waits for them, and exit
 A child that ends on its own after it started serving (killed, out of memory) is replaced by a new one, as gunicorn
 does with its workers, while the others keep serving. Each child says when it serves through a pipe (``--ready-fd``),
 so that children failing before that (a model that does not load) are told apart whatever the machine's speed: after
-``start_failures`` of them in a row the parent stops the others and exits with the last one's status.
+``start_failures`` of them in a row the parent stops the others and exits with the last one's status. A parent
+killed with SIGKILL cannot forward anything: each child watches its parent (:func:`stop_when_orphaned`) and drains
+and exits when it is gone, rather than serving on unsupervised.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["run_workers"]
+__all__ = ["run_workers", "stop_when_orphaned"]
 
 
 @dataclass
@@ -99,3 +102,18 @@ def run_workers(argv: list[str], workers: int, sock: socket.socket, *, start_fai
     if failure is None:
         failure = next((code for code in codes if code not in (0, -signal.SIGTERM, -signal.SIGINT)), 0)
     return 128 - failure if failure < 0 else failure
+
+
+def stop_when_orphaned(interval: float = 1.0) -> threading.Thread:
+    """In a ``--workers`` child: send this process SIGTERM (drain, then exit) once its parent is gone (the process
+    is then re-parented, so ``os.getppid()`` changes). Checked every ``interval`` seconds in a daemon thread."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="cde-st-serve-parent-watch", daemon=True)
+    thread.start()
+    return thread

@@ -77,3 +77,15 @@ def test_workers_that_cannot_start_end_the_command_with_their_status(tmp_path):
     assert done.returncode not in (0, None), done.stderr
     assert "3 workers in a row ended before serving" in done.stderr
     assert done.stderr.count("before serving; starting another") == 2  # three failures end it, not a restart loop
+
+
+def test_workers_of_a_parent_killed_with_sigkill_drain_and_exit(cde_dir, start_server, tmp_path):
+    server = start_server(cde_dir, "--state-dir", str(tmp_path / "state"), "--workers", "2")
+    workers = _children(server.proc.pid)
+    assert len(workers) == 2
+    server.proc.kill()  # SIGKILL: nothing reaches the workers from their parent
+    server.proc.wait()
+    deadline = time.monotonic() + 60
+    while alive := [pid for pid in workers if Path(f"/proc/{pid}").exists()]:
+        assert time.monotonic() < deadline, f"workers {alive} still run 60 s after their parent was killed"
+        time.sleep(0.2)
