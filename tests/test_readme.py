@@ -150,30 +150,105 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv():
     assert ignored.returncode == 0, ".ci/venv/ must be git-ignored"
 
 
-@pytest.mark.slow  # each block starts a Python process that imports torch and usually loads MiniLM
-@pytest.mark.parametrize(("document", "block"), BLOCKS, ids=[f"{name}:line{b.line}" for name, b in BLOCKS])
-def test_readme_block_runs(document: str, block: Block, tmp_path):
+def _cannot_run(document: str, block: Block) -> str | None:
+    """Why ``block`` is not run here (its not-run marker, or a module it requires missing), or None."""
     if block.not_run:
-        pytest.skip(f"{document} marks it not-run: {block.not_run}")
-    for module in block.requires:
-        if not _installed(module):
-            pytest.skip(f"{module} is not installed (pip install -e '.[clients]')")
-    code = program(DOCUMENT_BLOCKS[document], block)
+        return f"{document} marks it not-run: {block.not_run}"
+    missing = [module for module in block.requires if not _installed(module)]
+    return f"{missing[0]} is not installed (pip install -e '.[clients]')" if missing else None
+
+
+def chain(document: str, blocks: list[Block], block: Block) -> list[Block]:
+    """The blocks run together with ``block``: those it continues, itself, and the blocks after it that continue it
+    and can run here. One process runs them all, once for all of them: the blocks of a chain ran again for each
+    block continuing them when every block had its own process."""
+    start = blocks.index(block)
+    while blocks[start].continues and start > 0:
+        start -= 1
+    end = blocks.index(block) + 1
+    while end < len(blocks) and blocks[end].continues and _cannot_run(document, blocks[end]) is None:
+        end += 1
+    return blocks[start:end]
+
+
+_SNIPPET_LINE = re.compile(r'File ".*snippet\.py", line (\d+)')
+_CHAIN_RUNS: dict[tuple[str, int, int], tuple[int, str, list[int]]] = {}  # one run of each chain per process
+
+
+def _run_chain(document: str, blocks: list[Block], workdir: Path) -> tuple[int, str, list[int]]:
+    """Run ``blocks`` in one fresh Python process in ``workdir``; (return code, stderr, each block's first line in
+    the program)."""
+    key = (document, blocks[0].line, blocks[-1].line)
+    if key not in _CHAIN_RUNS:
+        code, starts = "", []
+        for block in blocks:
+            starts.append(code.count("\n") + 1)
+            code += block.code + "\n"
+        work = workdir / "work"
+        work.mkdir()
+        if SHARED.is_dir():
+            (workdir / "shared").symlink_to(SHARED)
+        (work / "snippet.py").write_text(code, encoding="utf-8")
+        env = dict(os.environ)
+        env.update(
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+            MPLBACKEND="Agg",
+            MTEB_CACHE=str(workdir / "mteb_cache"),
+            CDE_ST_CACHE=str(workdir / "cde_st_cache"),
+        )
+        command = [sys.executable, "snippet.py"]
+        out = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        _CHAIN_RUNS[key] = (out.returncode, out.stderr, starts)
+    return _CHAIN_RUNS[key]
+
+
+@pytest.mark.slow  # each chain of blocks starts a Python process that imports torch and usually loads MiniLM
+@pytest.mark.parametrize(("document", "block"), BLOCKS, ids=[f"{name}:line{b.line}" for name, b in BLOCKS])
+def test_readme_block_runs(document: str, block: Block, tmp_path_factory):
+    blocks = DOCUMENT_BLOCKS[document]
+    together = chain(document, blocks, block)
+    if (reason := _cannot_run(document, block)) is not None:
+        pytest.skip(reason)
+    for earlier in together[: together.index(block)]:
+        if (reason := _cannot_run(document, earlier)) is not None:
+            pytest.skip(f"{reason}; needed by the block at line {earlier.line}, which this one continues")
+    code = "".join(b.code for b in together)
     if "../shared" in code and not SHARED.is_dir():
         pytest.skip(f"shared data not found at {SHARED}")
-    work = tmp_path / "work"
-    work.mkdir()
-    if SHARED.is_dir():
-        (tmp_path / "shared").symlink_to(SHARED)
-    (work / "snippet.py").write_text(code, encoding="utf-8")
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        MPLBACKEND="Agg",
-        MTEB_CACHE=str(tmp_path / "mteb_cache"),
-        CDE_ST_CACHE=str(tmp_path / "cde_st_cache"),
+    failure = _failure(document, together, block, _run_chain(document, together, tmp_path_factory.mktemp("readme")))
+    assert failure is None, failure
+
+
+def _failure(document: str, together: list[Block], block: Block, run: tuple[int, str, list[int]]) -> str | None:
+    """What failed up to ``block`` in the run of its chain (the block named, with the traceback), or None."""
+    returncode, stderr, starts = run
+    if returncode == 0:
+        return None
+    lines = [int(n) for n in _SNIPPET_LINE.findall(stderr)]
+    # The first frame in snippet.py is the module-level statement that failed; no frame: the process died.
+    failed = sum(start <= lines[0] for start in starts) - 1 if lines else 0
+    if together.index(block) < failed:
+        return None  # it ran to its end; a block after it failed
+    program = "".join(b.code for b in together[: together.index(block) + 1])
+    line = together[failed].line
+    return f"{document} block at line {line} failed (return code {returncode}):\n{program}\n{stderr[-4000:]}"
+
+
+def test_a_chain_runs_once_and_names_the_block_that_failed(tmp_path):
+    text = "```python\na = 1\n```\n<!-- continues -->\n```python\nb = a + 1\n```\n<!-- continues -->\n"
+    text += "```python\nc = b\nprint(1 / 0)\n```\n<!-- continues -->\n<!-- requires: no_such_module_here -->\n"
+    text += "```python\nd = c\n```\n"
+    blocks = python_blocks(text)
+    together = chain("doc.md", blocks, blocks[0])
+    assert together == blocks[:3]  # the fourth cannot run here
+    assert all(chain("doc.md", blocks, b) == together for b in together)
+    run = _run_chain("doc.md", together, tmp_path)
+    assert _run_chain("doc.md", together, tmp_path) is run  # once for the whole chain
+    assert _failure("doc.md", together, blocks[0], run) is None
+    assert _failure("doc.md", together, blocks[1], run) is None
+    failure = _failure("doc.md", together, blocks[2], run)
+    assert (
+        failure is not None and failure.startswith("doc.md block at line 9 failed") and "ZeroDivisionError" in failure
     )
-    out = subprocess.run([sys.executable, "snippet.py"], cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, f"{document} block at line {block.line} failed:\n{code}\n{out.stderr[-4000:]}"
