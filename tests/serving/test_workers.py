@@ -21,6 +21,13 @@ def _children(pid: int) -> set[int]:
     return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
 
 
+def _running(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except FileNotFoundError:
+        return False
+
+
 def _served_fingerprint(url: str, context: str) -> str | None:
     """The context fingerprint of one embedding answer on a new connection (None: no 200 answer)."""
     body = {"model": "tiny-cde", "input": ["a query"], "input_type": "query", "context": context}
@@ -79,13 +86,43 @@ def test_workers_that_cannot_start_end_the_command_with_their_status(tmp_path):
     assert done.stderr.count("before serving; starting another") == 2  # three failures end it, not a restart loop
 
 
-def test_workers_of_a_parent_killed_with_sigkill_drain_and_exit(cde_dir, start_server, tmp_path):
-    server = start_server(cde_dir, "--state-dir", str(tmp_path / "state"), "--workers", "2")
-    workers = _children(server.proc.pid)
-    assert len(workers) == 2
-    server.proc.kill()  # SIGKILL: nothing reaches the workers from their parent
-    server.proc.wait()
-    deadline = time.monotonic() + 60
-    while alive := [pid for pid in workers if Path(f"/proc/{pid}").exists()]:
-        assert time.monotonic() < deadline, f"workers {alive} still run 60 s after their parent was killed"
-        time.sleep(0.2)
+_ORPHAN = """
+import importlib.util, signal, sys, time
+spec = importlib.util.spec_from_file_location("workers", sys.argv[1])
+workers = sys.modules["workers"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(workers)
+def drain(signum, frame):
+    open(sys.argv[2], "w").write("drained")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, drain)
+workers.stop_when_orphaned(interval=0.05)
+print("watching", flush=True)
+time.sleep(120)
+"""
+_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline() == "watching\\n"
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_worker_whose_parent_is_killed_with_sigkill_drains_and_exits(tmp_path):
+    """What every --workers child runs (serve_command calls stop_when_orphaned for them): a parent killed with
+    SIGKILL forwards nothing, so the child notices it is gone and stops itself through its SIGTERM path (drain)."""
+    from cde_st.serving import workers
+
+    marker = tmp_path / "drained"
+    command = [sys.executable, "-c", _PARENT, _ORPHAN, workers.__file__, str(marker)]
+    parent = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while _running(child):
+        assert time.monotonic() < deadline, "the worker still runs 30 s after its parent was killed"
+        time.sleep(0.05)
+    assert marker.read_text() == "drained"
