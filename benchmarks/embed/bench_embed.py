@@ -82,7 +82,7 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-def throughput(work: Path, smoke: bool) -> dict:
+def throughput(work: Path, smoke: bool, documents: int | None = None) -> dict:
     import ray
     import torch
 
@@ -92,9 +92,9 @@ def throughput(work: Path, smoke: bool) -> dict:
 
     corpus = SCIFACT / "corpus.jsonl.gz"
     _, texts = scifact_texts()
-    if smoke:
-        texts = texts[:200]
-        corpus = work / "scifact_small.jsonl"
+    if smoke or documents:
+        texts = texts[: 200 if smoke else documents]
+        corpus = work / f"scifact_first_{len(texts)}.jsonl"
         corpus.write_text("".join(json.dumps({"_id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)))
     model = ContextualSentenceTransformer(contextual_minilm(work, 512))
     plain = load_model(minilm())
@@ -268,14 +268,17 @@ def main() -> None:
     parser.add_argument("--work-dir", default="/tmp/bench_embed")
     parser.add_argument("--sizes", default="10000,100000", help="memory: corpus sizes, comma-separated")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--documents", type=int, default=None, help="throughput: SciFact's first N documents")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     if args.section == "memory":
         result = memory(work, args.smoke, [int(s) for s in args.sizes.split(",")])
+    elif args.section == "throughput":
+        result = throughput(work, args.smoke, args.documents)
     else:
-        result = {"throughput": throughput, "resume": resume, "recall": recall}[args.section](work, args.smoke)
+        result = {"resume": resume, "recall": recall}[args.section](work, args.smoke)
     result = {
         "command": " ".join(sys.argv),
         "cpus": os.cpu_count(),
