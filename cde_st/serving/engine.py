@@ -17,7 +17,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+import weakref
+from collections import deque
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -143,6 +145,10 @@ class Engine:
         self.created = int(time.time())
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-model")
         self.states = ContextStateCache(context_cache_bytes)
+        # Contexts' keys/values are kept under weak references: a context the store lets go (deleted, replaced, or
+        # dropped when another replica's write is read) frees them at once rather than when the budget pushes them
+        # out. Its reference lands here, from whichever thread let it go, and the model's thread drops the entry.
+        self._released: deque[weakref.ref] = deque()
         self._model_context = self._saved_context()
         self._active: StoredContext | str | None = None  # None: nothing activated yet; _NULL: the null context
         self._scopes = ExitStack()
@@ -251,21 +257,29 @@ class Engine:
         key = _NULL if context is None else context
         if key is self._active:
             return
+        while self._released:
+            self.states.discard(self._released.popleft())
         module = self.model.contextual_module
         vectors = self._null_vectors if context is None else context.vectors
         fingerprint = "null" if context is None else context.fingerprint
         info = ContextInfo(size=len(vectors), seed=None, fingerprint=fingerprint, source="vectors")
         module.restore_context((vectors, info, None, self._weights))  # drops the previous keys/values
-        entry = self.states.get(key)
+        entry = self.states.get(self._state_key(key))
         if entry is not None:
             module.context_cache.entry = entry
         self._active = key
 
+    def _state_key(self, active: StoredContext | str) -> Hashable:
+        """The cache key of a context's keys/values: a weak reference to it (equal to any other reference to the
+        same live object, never to a later context), the null context's name for the null context."""
+        return active if isinstance(active, str) else weakref.ref(active, self._released.append)
+
     def _keep_states(self) -> None:
         """After a forward: keep the active context's keys/values (if cached attention made any)."""
         entry = self.model.contextual_module.context_cache.entry
-        if entry is not None and self.states.get(self._active) is not entry:
-            self.states.put(self._active, entry, self.model.contextual_module.context_cache_bytes())
+        key = self._state_key(self._active)
+        if entry is not None and self.states.get(key) is not entry:
+            self.states.put(key, entry, self.model.contextual_module.context_cache_bytes())
 
     def cache_stats(self) -> CacheStats:
         """The contexts whose keys/values are kept, their bytes, and the evictions so far."""

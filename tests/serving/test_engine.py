@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import warnings
 
 import numpy as np
@@ -203,4 +204,27 @@ def test_batches_do_not_re_read_the_weights(engine, monkeypatch):
     for _ in range(3):
         assert np.array_equal(engine.embed(SHORT_DOCS, "query", topics).embeddings, first)
     assert reads == []  # one weights check for the engine's life, not one per batch
+    engine.close()
+
+
+def test_a_context_let_go_frees_its_keys_values(cde_dir):
+    """A context the store drops (deleted, replaced, or removed by another replica's write) takes its keys/values
+    with it, instead of holding them until the budget pushes them out; a later context is never served with them."""
+    engine = Engine(ContextualSentenceTransformer(cde_dir), served_name="tiny-cde")
+    contexts = [engine.make_context(f"c{i}", TOPIC_DOCS, None, seed=i) for i in range(3)]
+    for context in contexts:
+        engine.embed(["a query"], "query", context)
+    full = engine.cache_stats()
+    assert full.contexts == 3
+    del contexts[0]  # not the active one
+    gc.collect()
+    engine.embed(["a query"], "query", contexts[0])  # the next switch drops what was let go
+    assert (engine.cache_stats().contexts, engine.cache_stats().bytes) == (2, full.bytes * 2 // 3)
+    replacement = engine.make_context("c1", SHORT_DOCS, None, seed=9)
+    expected = engine.embed(SHORT_DOCS, "query", replacement).embeddings
+    contexts[0] = replacement  # c1 replaced: the old object let go
+    gc.collect()
+    engine.embed(["a query"], "query", contexts[1])
+    assert engine.cache_stats().contexts == 2  # c2 and the replacement
+    assert np.array_equal(engine.embed(SHORT_DOCS, "query", replacement).embeddings, expected)
     engine.close()
