@@ -79,7 +79,6 @@ def run_workers(argv: list[str], workers: int, sock: socket.socket, *, start_fai
             code = worker.process.poll()
             if code is None or stopping:
                 continue
-            os.close(worker.ready_pipe)
             in_a_row = 0 if served else in_a_row + 1
             if in_a_row >= start_failures:
                 print(
@@ -94,6 +93,7 @@ def run_workers(argv: list[str], workers: int, sock: socket.socket, *, start_fai
             when = "" if served else " before serving"
             print(f"cde-st-serve: worker {worker.process.pid} ended with status {code}{when}; starting another.",
                   file=sys.stderr, flush=True)  # fmt: skip
+            os.close(worker.ready_pipe)  # here, not before the stop above: the end closes the pipes of the pool
             pool[i] = _start(command, fd)
     stop(signal.SIGTERM, None)  # a worker started as the signal came in has not had it yet
     codes = [worker.process.wait() for worker in pool]
