@@ -4,6 +4,7 @@ is replaced while the others serve; workers that cannot start are not restarted 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,7 +68,8 @@ def test_workers_share_one_port_and_state_and_a_killed_one_is_replaced(cde_dir, 
     assert now - first and now & first == first - {victim}  # one new process beside the one that kept serving
     # The new worker accepts connections once it serves, and it serves the stored context.
     _every_worker_serves(server.url, "pooled", fingerprint)
-    assert f"worker {victim} ended with status -9; starting another" in server.output()
+    # The victim may still have been loading (the first worker ready answers everything): replaced either way.
+    assert re.search(rf"worker {victim} ended with status -9( before serving)?; starting another", server.output())
     assert server.stop() == 0  # SIGTERM reaches both workers; the parent exits 0 once they have
     assert all(not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
                for pid in now)  # fmt: skip
