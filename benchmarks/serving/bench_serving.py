@@ -14,7 +14,8 @@ a copy of all-MiniLM-L6-v2 with the same prompts (so both read the same tokens).
 process. Each measurement is bounded by ``--seconds`` and ``--max-texts`` (but at least one request per client)
 and split into ``--rounds`` slices taken in turns with all the others, so the load of a shared machine falls on
 all alike. Texts: SciFact queries (short) or documents (title + abstract, cut at 256 tokens by the model), from
-``../shared/data`` (never copied here). Prints a Markdown table (texts/forward: the server's mean batch) and
+``../shared/data`` (never copied here). Prints a Markdown table (texts/batch: the server's mean batch; forwards/batch: how many forwards
+it was cut into by length) and
 writes a JSON file in ``--work-dir``. Results: RESULTS_serving.md.
 """
 
@@ -145,10 +146,12 @@ async def load(url: str, body: dict, texts: list[str], clients: int, size: int, 
     return done, elapsed, latencies
 
 
-def batch_totals(url: str) -> tuple[float, float, float]:
-    """(texts, forwards, seconds in forwards) the server has run, from its metrics."""
+def batch_totals(url: str) -> tuple[float, float, float, float]:
+    """(texts, batches, seconds in forwards, forwards) the server has run, from its metrics (a batch is cut into
+    forwards by length)."""
     text = httpx.get(url + "/metrics", timeout=30).text
-    names = ("cde_st_batch_size_texts_sum", "cde_st_batch_size_texts_count", "cde_st_forward_seconds_sum")
+    names = ("cde_st_batch_size_texts_sum", "cde_st_batch_size_texts_count", "cde_st_forward_seconds_sum",
+             "cde_st_forwards_total")  # fmt: skip
     values = {}
     for line in text.splitlines():
         if line.startswith(names):
@@ -210,7 +213,8 @@ def take_slice(m: tuple, total: dict, round_: int, texts: list[str], servers, mo
     total["seconds"] += elapsed
     total["latencies"] += latencies
     total["forward_texts"] += after[0] - before[0]  # warm-up requests included
-    total["forwards"] += after[1] - before[1]
+    total["batches"] += after[1] - before[1]
+    total["forwards"] += after[3] - before[3]
     total["forward_seconds"] += after[2] - before[2]
 
 
@@ -218,10 +222,10 @@ def print_table(totals: dict, args: argparse.Namespace) -> list[dict]:
     """Print the Markdown table of every measurement; return its rows."""
     results = []
     print(
-        "| model | clients | texts/request | texts | texts/s | p50 ms | p99 ms | requests | texts/forward "
-        "| forward ms/text |"
+        "| model | clients | texts/request | texts | texts/s | p50 ms | p99 ms | requests | texts/batch "
+        "| forwards/batch | forward ms/text |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for (kind, clients, size), total in totals.items():
         rate = total["texts"] / total["seconds"]
         row = {"model": kind, "clients": clients, "size": size, "texts": total["texts"],
@@ -232,16 +236,18 @@ def print_table(totals: dict, args: argparse.Namespace) -> list[dict]:
                 if clients is None
                 else f"in-process server forward, batches of {args.forward_batch} as they arrive"
             )
-            print(f"| {kind} | {how} | - | {total['texts']} | {rate:.1f} | - | - | - | - | {1000 / rate:.1f} |")
+            print(f"| {kind} | {how} | - | {total['texts']} | {rate:.1f} | - | - | - | - | - | {1000 / rate:.1f} |")
         else:
             p50, p99 = (float(np.percentile(total["latencies"], q) * 1000) for q in (50, 99))
-            per_forward = total["forward_texts"] / max(1.0, total["forwards"])
+            per_batch = total["forward_texts"] / max(1.0, total["batches"])
+            forwards = total["forwards"] / max(1.0, total["batches"])
             per_text = 1000 * total["forward_seconds"] / max(1.0, total["forward_texts"])
-            row.update(p50_ms=p50, p99_ms=p99, requests=len(total["latencies"]), texts_per_forward=per_forward,
+            row.update(p50_ms=p50, p99_ms=p99, requests=len(total["latencies"]), texts_per_batch=per_batch,
+                       forwards_per_batch=forwards,
                        forward_ms_per_text=per_text)  # fmt: skip
             print(
                 f"| {kind} | {clients} | {size} | {total['texts']} | {rate:.1f} | {p50:.0f} | {p99:.0f} | "
-                f"{len(total['latencies'])} | {per_forward:.1f} | {per_text:.1f} |"
+                f"{len(total['latencies'])} | {per_batch:.1f} | {forwards:.2f} | {per_text:.1f} |"
             )
         results.append(row)
     return results
@@ -295,7 +301,7 @@ def main() -> None:
     for kind in args.models:
         measurements += [(kind, None, None), (kind, "forward", None)]
         measurements += [(kind, clients, size) for size in args.sizes for clients in args.clients]
-    totals = {m: {"texts": 0, "seconds": 0.0, "latencies": [], "forwards": 0.0, "forward_texts": 0.0,
+    totals = {m: {"texts": 0, "seconds": 0.0, "latencies": [], "batches": 0.0, "forwards": 0.0, "forward_texts": 0.0,
                "forward_seconds": 0.0}
               for m in measurements}  # fmt: skip
     # Both servers run from the start (an idle one costs nothing), so their measurements can take turns.
@@ -305,8 +311,11 @@ def main() -> None:
     try:
         models = {kind: load_in_process(folders[kind], kind) for kind in args.models}
         for kind in args.models:
-            engines[kind] = Engine(str(folders[kind]))
-            engines[kind].embed(["warm-up"] * 4, "document", engines[kind].model_context)
+            engine = engines[kind] = Engine(str(folders[kind]))
+            engine.embed(["warm-up"] * 4, "document", engine.model_context)
+            # As the server does once warm: where batches are cut into forwards.
+            overhead = engine.measure_forward_overhead(engine.forward_probes(), engine.model_context)
+            print(f"{kind}: a forward costs about {overhead:.0f} tokens beyond its own", flush=True)
         for round_ in range(args.rounds):
             # Every measurement gets one slice per round, in alternating order: the machine's load, which moves
             # (other jobs share its cores), then falls on all of them alike, and the ratios stay meaningful.

@@ -48,6 +48,8 @@ class Settings:
     max_body_bytes: int = 32 * 1024 * 1024
     max_batch_tokens: int | None = None
     truncate: bool = False  # what a request without "truncate" gets: False refuses an over-long input (OpenAI)
+    # What one more forward costs in padded tokens ("auto": measured at warm-up; None: forwards kept full).
+    forward_overhead_tokens: float | str | None = "auto"
 
 
 def _json(status: int, body: dict, headers: dict | None = None) -> Response:
@@ -100,9 +102,10 @@ class _Service:
         self.api_key = settings.api_key.encode("utf-8") if settings.api_key else None
 
     def _forward(self, key, parts: list[Tokens]) -> Batch:
-        started = time.perf_counter()
+        started, forwards = time.perf_counter(), self.engine.forwards
         batch = self.engine.embed_tokens(parts, key[0])
         self.metrics.forward_seconds.observe(time.perf_counter() - started)
+        self.metrics.forwards.inc(self.engine.forwards - forwards)
         return batch
 
     # ------------------------------------------------------------------ what every route runs
@@ -314,12 +317,24 @@ class _Service:
         return _json(200, {"status": "ready", "model": self.engine.served_name})
 
     async def warm_up(self) -> None:
-        """One forward of one text, so the first request does not pay for lazy initialisation; then ready."""
+        """One forward of one text, so the first request does not pay for lazy initialisation, then (with
+        ``forward_overhead_tokens="auto"``) the forwards that measure what one more forward costs, which decides
+        where batches are cut (:meth:`Engine.measure_forward_overhead`); then ready."""
         loop = asyncio.get_running_loop()
-        tokens = await loop.run_in_executor(self.engine.tokenizer_executor, self.engine.tokenize, ["warm up"], None)
+        engine, overhead = self.engine, self.settings.forward_overhead_tokens
+        tokens = await loop.run_in_executor(engine.tokenizer_executor, engine.tokenize, ["warm up"], None)
         context = self.resolve_context(None)
         try:
-            await loop.run_in_executor(self.engine.executor, self.engine.embed_tokens, [tokens], context)
+            await loop.run_in_executor(engine.executor, engine.embed_tokens, [tokens], context)
+            if overhead == "auto":
+                probes = await loop.run_in_executor(engine.tokenizer_executor, engine.forward_probes)
+                overhead = await loop.run_in_executor(engine.executor, engine.measure_forward_overhead, probes, context)
+                if overhead is not None:
+                    logger.info("One more forward costs about %.0f tokens: batches are cut where padding costs more.",
+                                overhead)  # fmt: skip
+            else:
+                engine.forward_overhead_tokens = overhead
+            self.metrics.forward_overhead.set(overhead or 0)
         except Exception:  # e.g. a model giving NaN: the server still answers (errors), /ready says it is not ready
             logger.exception("The warm-up forward failed: /ready answers 503.")
             return

@@ -53,6 +53,8 @@ EMBEDDING_GAP = 0.05
 #: First-stage documents per batch of a creation: small, so an embedding waits little behind one batch (a batch
 #: of 8 long documents took over a second on a busy 2-core machine, against 0.4 s for a query's p99).
 CONTEXT_BATCH_SIZE = 2
+#: Probe forwards of :meth:`Engine.measure_forward_overhead`: 1 and this many texts of this many words.
+FORWARD_PROBE_TEXTS, FORWARD_PROBE_WORDS = 8, 24
 _NULL = "null context"  # the cache key of the null context (a contextual model served without one)
 
 
@@ -129,6 +131,10 @@ class Engine:
         self.normalizes = any(isinstance(module, Normalize) for module in self.model)
         self.max_seq_length = int(self.model.max_seq_length)
         self.max_batch_size, self.max_batch_tokens = max_batch_size, max_batch_tokens
+        #: What one more forward costs, in padded tokens (:meth:`measure_forward_overhead`); None: forwards are cut
+        #: as full as the limits allow.
+        self.forward_overhead_tokens: float | None = None
+        self.forwards = 0  # forward passes run (a batch may be cut into several)
         # Requests are tokenised in their own thread, so the model's thread only pads and runs forwards.
         prompts = [self.prompt_for(input_type) for input_type in (None, "query", "document")]
         self.request_tokenizer = RequestTokenizer(self.model, self.max_seq_length, prompts)
@@ -329,10 +335,51 @@ class Engine:
         """What ``model.encode(texts, prompt=prompt)`` computes (length-sorted chunks, the same features and
         forward), without its ``eval()`` call, which would start a new weights check per batch (see __init__)."""
         embeddings = np.empty((sum(len(part) for part in parts), self.dimension), dtype=np.float32)
-        for positions, features in self.request_tokenizer.chunks(parts, self.max_batch_size, self.max_batch_tokens):
+        plan = self.request_tokenizer.chunks(
+            parts, self.max_batch_size, self.max_batch_tokens, self.forward_overhead_tokens
+        )
+        for positions, features in plan:
+            self.forwards += 1
             features = batch_to_device(features, self.model.device)
             embeddings[positions] = self.model(features)["sentence_embedding"].float().cpu().numpy()
         return embeddings
+
+    def forward_probes(self) -> tuple[Tokens, Tokens] | None:
+        """The probe texts of :meth:`measure_forward_overhead`, tokenised (run it where requests are tokenised):
+        one text, and as many of it as one forward may hold up to ``FORWARD_PROBE_TEXTS``; None where the limits
+        allow no forward of two."""
+        text = "word " * max(1, min(FORWARD_PROBE_WORDS, self.max_seq_length // 2))
+        one = self.tokenize([text], "document")
+        count = min(FORWARD_PROBE_TEXTS, self.max_batch_size)
+        if self.max_batch_tokens is not None:
+            count = min(count, self.max_batch_tokens // one.longest)
+        return (one, self.tokenize([text] * count, "document")) if count >= 2 else None
+
+    def measure_forward_overhead(
+        self, probes: tuple[Tokens, Tokens] | None, context: StoredContext | None, repeats: int = 3
+    ) -> float | None:
+        """Time the forwards of ``probes`` (:meth:`forward_probes`; fastest of ``repeats``) with ``context`` and set
+        :attr:`forward_overhead_tokens`: what a forward costs beyond its tokens, in tokens. A batch is then cut
+        into forwards where padding would cost more than another forward (on a CPU a forward reads every weight,
+        tens of tokens' worth; on a GPU thousands, and batches stay whole). Without probes nothing is set. Runs
+        in the calling thread (the server: in :attr:`executor`, once warm)."""
+        self.forward_overhead_tokens = None  # the probe forwards are not cut
+        if probes is None:
+            return None
+
+        def fastest(tokens: Tokens) -> float:
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                self.embed_tokens([tokens], context)
+                times.append(time.perf_counter() - started)
+            return min(times)
+
+        one, many = probes
+        single, several = fastest(one), fastest(many)
+        per_token = max(several - single, 1e-9) / ((len(many) - 1) * one.longest)
+        self.forward_overhead_tokens = max(1.0, single / per_token - one.longest)
+        return self.forward_overhead_tokens
 
 
 def _default_name(location: str) -> str:

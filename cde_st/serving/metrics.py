@@ -34,11 +34,14 @@ class Metrics:
             registry=self.registry,
         )
         self.batch_texts = Histogram(
-            "cde_st_batch_size_texts", "Texts per forward pass.", buckets=BATCH_BUCKETS, registry=self.registry
+            "cde_st_batch_size_texts",
+            "Texts per batch (run as one forward pass or more).",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
         )
         self.batch_requests = Histogram(
             "cde_st_batch_size_requests",
-            "Requests coalesced into one forward pass.",
+            "Requests coalesced into one batch.",
             buckets=BATCH_BUCKETS,
             registry=self.registry,
         )
@@ -73,6 +76,16 @@ class Metrics:
         )
         self._evictions_seen = 0
         self.tokens = Counter("cde_st_embedded_tokens", "Tokens read by the model.", registry=self.registry)
+        self.forwards = Counter(
+            "cde_st_forwards",
+            "Forward passes of the model; a batch is cut into several by length where padding costs more.",
+            registry=self.registry,
+        )
+        self.forward_overhead = Gauge(
+            "cde_st_forward_overhead_tokens",
+            "What one more forward pass costs, in padded tokens (0: batches are not cut by length).",
+            registry=self.registry,
+        )
 
     def observe_batch(self, n_texts: int, n_requests: int) -> None:
         self.batch_texts.observe(n_texts)

@@ -65,6 +65,14 @@ def _batching_options(p) -> None:  # an argument group of the parser
         "(default: no limit beyond --max-batch-size)",
     )
     p.add_argument(
+        "--forward-overhead-tokens",
+        type=_overhead,
+        default="auto",
+        help="what one more forward pass costs, in padded tokens: a batch is cut into forwards by length where "
+        "padding would cost more (auto: measured at start, a few dozen tokens on a CPU; off: every forward as full "
+        "as --max-batch-size and --max-batch-tokens allow; default auto)",
+    )
+    p.add_argument(
         "--truncate",
         action="store_true",
         help="embed the first max_seq_length tokens of a longer input when a request does not say (default: refuse "
@@ -178,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_batch_tokens=args.max_batch_tokens,
         truncate=args.truncate,
+        forward_overhead_tokens=args.forward_overhead_tokens,
     )
     app = create_app(engine, store, settings)
 
@@ -214,6 +223,19 @@ def _say_started(fd: int) -> None:
     """A ``--workers`` child tells its parent it serves (:func:`cde_st.serving.workers.run_workers`)."""
     os.write(fd, b"1")
     os.close(fd)
+
+
+def _overhead(value: str) -> float | str | None:
+    """``--forward-overhead-tokens``: "auto", "off" (None) or a number of tokens >= 0."""
+    if value in ("auto", "off"):
+        return None if value == "off" else value
+    try:
+        tokens = float(value)
+    except ValueError:
+        tokens = -1.0
+    if not tokens >= 0 or tokens == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected auto, off or a number of tokens >= 0, got {value!r}")
+    return tokens
 
 
 def _checked_options(args: argparse.Namespace) -> str | None:

@@ -26,7 +26,7 @@ import torch
 
 from cde_st.text_bounds import bound_texts
 
-__all__ = ["RequestTokenizer", "Tokens"]
+__all__ = ["RequestTokenizer", "Tokens", "plan_forwards"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,20 +115,22 @@ class RequestTokenizer:
         return Tokens(bounded, prompt, lengths, counted, cut, features)
 
     def chunks(
-        self, parts: Sequence[Tokens], max_batch_size: int, max_batch_tokens: int | None = None
+        self,
+        parts: Sequence[Tokens],
+        max_batch_size: int,
+        max_batch_tokens: int | None = None,
+        overhead_tokens: float | None = None,
     ) -> Iterator[tuple[np.ndarray, dict]]:
         """The forwards of a batch of requests (in the model's thread): (positions of the texts in the batch, their
-        features), longest texts first as ``encode`` orders them, each of at most ``max_batch_size`` texts and,
-        when given, ``max_batch_tokens`` tokens counted with padding (texts times the longest; one text at least)."""
+        features), longest texts first, each of at most ``max_batch_size`` texts and, when given,
+        ``max_batch_tokens`` tokens counted with padding (texts times the longest; one text at least). With
+        ``overhead_tokens`` (what one more forward costs, in padded tokens: :func:`plan_forwards`) the sorted
+        texts are cut where padding would cost more than another forward; without it, as full as allowed."""
         lengths = np.concatenate([part.lengths for part in parts])
         order = np.argsort(-lengths, kind="stable")
         merged = self._merge(parts) if all(p.features is not None for p in parts) else None
         texts = [t for part in parts for t in part.texts]
-        start = 0
-        while start < len(order):
-            stop = min(start + max_batch_size, len(order))
-            if max_batch_tokens is not None:  # sorted: the chunk's first text is its longest
-                stop = min(stop, start + max(1, max_batch_tokens // max(int(lengths[order[start]]), 1)))
+        for start, stop in plan_forwards(lengths[order], max_batch_size, max_batch_tokens, overhead_tokens):
             positions = order[start:stop]
             if merged is None:
                 features = dict(self.model.preprocess([texts[i] for i in positions], prompt=parts[0].prompt))
@@ -137,7 +139,6 @@ class RequestTokenizer:
                 index = torch.as_tensor(positions)
                 features = {k: v[index, :width] if k in self._pads else v for k, v in merged.items()}
             yield positions, features
-            start = stop
 
     def _merge(self, parts: Sequence[Tokens]) -> dict:
         """The requests' features as one padded batch (right padding with the tokenizer's pad values)."""
@@ -152,3 +153,44 @@ class RequestTokenizer:
             ]
             merged[key] = torch.cat(rows)
         return merged
+
+
+def plan_forwards(
+    lengths: np.ndarray, max_size: int, max_tokens: int | None = None, overhead_tokens: float | None = None
+) -> list[tuple[int, int]]:
+    """Where to cut texts sorted longest first (``lengths``: tokens per text) into forwards: ``(start, stop)``
+    ranges of at most ``max_size`` texts and ``max_tokens`` padded tokens (texts times the longest; one text at
+    least). Without ``overhead_tokens`` each forward is as full as allowed. With it, the cuts minimise the padded
+    tokens of all forwards plus ``overhead_tokens`` per forward: on a CPU a forward of few short texts costs about
+    as much as a few dozen more tokens (the weights are read once per forward), so a batch of a long text and
+    many short ones runs faster as two forwards than padded to the long one; where a forward's own cost is large
+    (a GPU) the overhead is large and the plan keeps full forwards."""
+    n = len(lengths)
+    widths = np.maximum(np.asarray(lengths, dtype=np.int64), 1)
+
+    def longest_from(start: int) -> int:
+        size = min(max_size, n - start)
+        if max_tokens is not None:  # sorted: the range's first text is its longest
+            size = min(size, max(1, max_tokens // int(widths[start])))
+        return size
+
+    if overhead_tokens is None:
+        cuts, start = [], 0
+        while start < n:
+            stop = start + longest_from(start)
+            cuts.append((start, stop))
+            start = stop
+        return cuts
+    # best[i]: the least cost of the texts from i to the end; a range from i costs overhead + size x widths[i].
+    best = np.zeros(n + 1)
+    step = np.zeros(n, dtype=np.int64)
+    for start in range(n - 1, -1, -1):
+        sizes = np.arange(1, longest_from(start) + 1)
+        costs = overhead_tokens + sizes * widths[start] + best[start + sizes]
+        pick = len(costs) - 1 - int(np.argmin(costs[::-1]))  # on a tie, the fuller forward
+        best[start], step[start] = costs[pick], sizes[pick]
+    cuts, start = [], 0
+    while start < n:
+        cuts.append((start, start + int(step[start])))
+        start += int(step[start])
+    return cuts

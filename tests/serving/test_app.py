@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import threading
 import time
 
@@ -273,18 +274,23 @@ def test_models_health_and_metrics(cde_server):
         "cde_st_queue_depth_texts",
         "cde_st_forward_seconds_count",
         "cde_st_request_latency_seconds_bucket",
+        "cde_st_forwards_total",
     ):
         assert name in text
     assert 'cde_st_requests_total{endpoint="embeddings",status="200"}' in text
+    overhead = re.search(r"^cde_st_forward_overhead_tokens (\S+)$", text, re.MULTILINE)
+    assert overhead and float(overhead.group(1)) >= 1.0  # measured at start
 
 
 def test_plain_model_is_served_and_refuses_contexts(plain_dir, start_server):
     from sentence_transformers import SentenceTransformer
 
     # A long batching wait and a queue of two texts make the overload case deterministic on this server.
-    server = start_server(plain_dir, "--max-queue", "2", "--max-wait-ms", "1500", "--max-batch-size", "64")
+    server = start_server(plain_dir, "--max-queue", "2", "--max-wait-ms", "1500", "--max-batch-size", "64",
+                          "--forward-overhead-tokens", "12")  # fmt: skip
     model = SentenceTransformer(plain_dir)
     with server.client(key=None) as client:
+        assert "cde_st_forward_overhead_tokens 12.0" in client.get("/metrics").text  # as given, not measured
         answer = client.post("/v1/embeddings", json={"model": "tiny-plain", "input": SHORT_DOCS[:2]})
         assert np.abs(embeddings(answer) - model.encode(SHORT_DOCS[:2])).max() <= 1e-5
         assert "context" not in answer.json()
