@@ -277,6 +277,7 @@ def main() -> None:
     p.add_argument("--context-size", type=int, default=512)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--forward-overhead-tokens", default="auto", help="the servers' option (off: forwards kept full)")
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "cde_st_bench_serving"))
     context_rows.add_arguments(p)
     args = p.parse_args()
@@ -305,7 +306,8 @@ def main() -> None:
                "forward_seconds": 0.0}
               for m in measurements}  # fmt: skip
     # Both servers run from the start (an idle one costs nothing), so their measurements can take turns.
-    servers = {kind: Server(folders[kind], work / f"server-{kind}.log", args.max_batch_size, args.max_wait_ms)
+    extra = ["--forward-overhead-tokens", args.forward_overhead_tokens]
+    servers = {kind: Server(folders[kind], work / f"server-{kind}.log", args.max_batch_size, args.max_wait_ms, extra)
                for kind in args.models}  # fmt: skip
     engines = {}  # the server's forward, in this process
     try:
@@ -313,9 +315,11 @@ def main() -> None:
         for kind in args.models:
             engine = engines[kind] = Engine(str(folders[kind]))
             engine.embed(["warm-up"] * 4, "document", engine.model_context)
-            # As the server does once warm: where batches are cut into forwards.
-            overhead = engine.measure_forward_overhead(engine.forward_probes(), engine.model_context)
-            print(f"{kind}: a forward costs about {overhead:.0f} tokens beyond its own", flush=True)
+            if args.forward_overhead_tokens == "auto":  # as the server does once warm: where batches are cut
+                overhead = engine.measure_forward_overhead(engine.forward_probes(), engine.model_context)
+                print(f"{kind}: one more forward costs about {overhead:.0f} tokens", flush=True)
+            elif args.forward_overhead_tokens != "off":
+                engine.forward_overhead_tokens = float(args.forward_overhead_tokens)
         for round_ in range(args.rounds):
             # Every measurement gets one slice per round, in alternating order: the machine's load, which moves
             # (other jobs share its cores), then falls on all of them alike, and the ratios stay meaningful.

@@ -91,8 +91,30 @@ class RequestTokenizer:
             return False
         if not all(torch.equal(got[k], expected[k]) for k in got) or set(got) - set(self._pads):
             return False
+        # Texts within the limit take the other path (their count's ids, padded here): it must agree too.
+        short = _PROBES[:2]
+        expected = dict(self.model.preprocess(short, prompt=prompt))
+        _, got = self._features(short, prompt)
+        if set(got) != set(expected) - set(constants) or not all(torch.equal(got[k], expected[k]) for k in got):
+            return False
         self._constants[prompt] = constants
         return True
+
+    def _features(self, texts: Sequence[str], prompt: str) -> tuple[np.ndarray, dict]:
+        """Tokens per text before truncation, and the features: texts all within ``max_seq_length`` are
+        tokenised once (the count's ids, padded here), a longer one a second time with truncation."""
+        whole = self.tokenizer([prompt + t for t in texts], truncation=False, verbose=False)
+        counted = np.array([len(row) for row in whole["input_ids"]], dtype=np.int64)
+        if counted.max(initial=0) > self.max_seq_length or set(whole) - set(self._pads):
+            return counted, self._encode(list(texts), prompt)
+        width = int(counted.max(initial=0))
+        features = {}
+        for key, rows in whole.items():
+            padded = np.full((len(rows), width), self._pads[key], dtype=np.int64)
+            for i, row in enumerate(rows):
+                padded[i, : len(row)] = row
+            features[key] = torch.from_numpy(padded)
+        return counted, features
 
     def _encode(self, texts: list[str], prompt: str) -> dict:
         prompted = [prompt + t for t in texts]
@@ -105,13 +127,13 @@ class RequestTokenizer:
         bounded = bound_texts(texts, self.max_seq_length, self.tokenizer)
         cut = np.array([len(b) < len(t) for b, t in zip(bounded, texts)], dtype=bool)
         # The bounded texts are short, so counting them whole is cheap: an exact count of every text not cut.
-        ids = self.tokenizer([prompt + t for t in bounded], truncation=False, verbose=False)["input_ids"]
-        counted = np.array([len(row) for row in ids], dtype=np.int64)
-        lengths = np.minimum(counted, self.max_seq_length)
-        features = None
         if self.exact:
-            features = self._encode(bounded, prompt)
+            counted, features = self._features(bounded, prompt)
             features.update(self._constants[prompt])  # every prompt a request can get was checked at start
+        else:
+            ids = self.tokenizer([prompt + t for t in bounded], truncation=False, verbose=False)["input_ids"]
+            counted, features = np.array([len(row) for row in ids], dtype=np.int64), None
+        lengths = np.minimum(counted, self.max_seq_length)
         return Tokens(bounded, prompt, lengths, counted, cut, features)
 
     def chunks(
