@@ -189,6 +189,18 @@ def server_forwards(engine, texts: list[str], batch_size: int) -> float:
     return time.perf_counter() - t0
 
 
+def server_engine(folder: Path, forward_overhead_tokens: str) -> Engine:
+    """The server's engine for ``folder`` in this process, warm, cutting batches as the server does."""
+    engine = Engine(str(folder))
+    engine.embed(["warm-up"] * 4, "document", engine.model_context)
+    if forward_overhead_tokens == "auto":  # as the server does once warm
+        overhead = engine.measure_forward_overhead(engine.forward_probes(), engine.model_context)
+        print(f"{folder.name}: one more forward costs about {overhead:.0f} tokens", flush=True)
+    elif forward_overhead_tokens != "off":
+        engine.forward_overhead_tokens = float(forward_overhead_tokens)
+    return engine
+
+
 def take_slice(m: tuple, total: dict, round_: int, texts: list[str], servers, models, engines, args) -> None:
     """One round's slice of measurement ``m`` = (model, clients, texts per request), added to ``total``."""
     kind, clients, size = m
@@ -312,14 +324,7 @@ def main() -> None:
     engines = {}  # the server's forward, in this process
     try:
         models = {kind: load_in_process(folders[kind], kind) for kind in args.models}
-        for kind in args.models:
-            engine = engines[kind] = Engine(str(folders[kind]))
-            engine.embed(["warm-up"] * 4, "document", engine.model_context)
-            if args.forward_overhead_tokens == "auto":  # as the server does once warm: where batches are cut
-                overhead = engine.measure_forward_overhead(engine.forward_probes(), engine.model_context)
-                print(f"{kind}: one more forward costs about {overhead:.0f} tokens", flush=True)
-            elif args.forward_overhead_tokens != "off":
-                engine.forward_overhead_tokens = float(args.forward_overhead_tokens)
+        engines.update({kind: server_engine(folders[kind], args.forward_overhead_tokens) for kind in args.models})
         for round_ in range(args.rounds):
             # Every measurement gets one slice per round, in alternating order: the machine's load, which moves
             # (other jobs share its cores), then falls on all of them alike, and the ratios stay meaningful.
