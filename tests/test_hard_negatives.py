@@ -4,6 +4,7 @@ made with."""
 from __future__ import annotations
 
 import pytest
+from preloaded_python import run_python
 
 TEXTS = [f"passage {i} about {topic}" for i, topic in enumerate(["rain", "stocks", "cats", "tea", "mars", "ice"] * 2)]
 
@@ -42,12 +43,10 @@ def test_cached_embeddings_are_keyed_by_the_context(make_tiny_cde, tmp_path):
 
 
 def test_import_leaves_sentence_transformers_function_in_place():
-    import subprocess
-    import sys
-
     code = "import sentence_transformers.util as u, cde_st; print(u.mine_hard_negatives.__module__)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "sentence_transformers.util.hard_negatives"
+    run = run_python(["-c", code])
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "sentence_transformers.util.hard_negatives"
 
 
 def test_plain_function_warns_when_its_cache_would_ignore_the_context(make_tiny_cde, tmp_path):

@@ -17,11 +17,11 @@ import importlib.util
 import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from preloaded_python import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -198,8 +198,7 @@ def _run_chain(document: str, blocks: list[Block], workdir: Path) -> tuple[int, 
             MTEB_CACHE=str(workdir / "mteb_cache"),
             CDE_ST_CACHE=str(workdir / "cde_st_cache"),
         )
-        command = [sys.executable, "snippet.py"]
-        out = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        out = run_python(["snippet.py"], cwd=work, env=env, timeout=600)
         _CHAIN_RUNS[key] = (out.returncode, out.stderr, starts)
     return _CHAIN_RUNS[key]
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from preloaded_python import run_python
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 
@@ -113,12 +112,7 @@ def test_converted_folder_reloads_identically(fixture_dir, inputs, tmp_path):
 
 def test_convert_command(fixture_dir, inputs, tmp_path):
     dst = tmp_path / "cde-small-v1-native"
-    result = subprocess.run(
-        [sys.executable, "-m", "cde_st.cli", "convert", str(fixture_dir / "v1"), str(dst)],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
+    result = run_python(["-m", "cde_st.cli", "convert", str(fixture_dir / "v1"), str(dst)])
     assert result.returncode == 0, result.stderr
     assert "wrote" in result.stdout
     assert f"backbone config: {fixture_dir / 'v1' / 'backbone_config.json'}" in result.stdout  # what it was built from
@@ -128,12 +122,7 @@ def test_convert_command(fixture_dir, inputs, tmp_path):
     a = converted.encode_document(inputs["documents"], context_vectors=ctx)
     b = original.encode_document(inputs["documents"], context_vectors=ctx)
     assert np.abs(a - b).max() == 0
-    refused = subprocess.run(
-        [sys.executable, "-m", "cde_st.cli", "convert", str(fixture_dir / "v1"), str(dst)],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
+    refused = run_python(["-m", "cde_st.cli", "convert", str(fixture_dir / "v1"), str(dst)])
     assert refused.returncode != 0 and "exists" in refused.stderr
 
 
@@ -442,12 +431,7 @@ def test_a_folder_without_or_with_a_garbled_config_names_the_file(fixture_dir, t
 
 def test_convert_refuses_a_misread_config_and_writes_nothing(fixture_dir, tmp_path):
     folder = _copy(fixture_dir, tmp_path, config={"transductive_corpus_size": 0})
-    refused = subprocess.run(
-        [sys.executable, "-m", "cde_st.cli", "convert", str(folder), str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
+    refused = run_python(["-m", "cde_st.cli", "convert", str(folder), str(tmp_path / "out")])
     assert refused.returncode == 2 and "transductive_corpus_size" in refused.stderr, refused.stderr
     assert not (tmp_path / "out").exists()
 

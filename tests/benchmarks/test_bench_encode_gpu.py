@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from preloaded_python import run_python
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "speed" / "bench_encode_gpu.py"
 
 
 def run_script(*args: str, out: Path, timeout: int = 300) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--threads", "1", "--repeats", "1", "--out", str(out), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    command = [str(SCRIPT), "--smoke", "--threads", "1", "--repeats", "1", "--out", str(out), *args]
+    result = run_python(command, env=env, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads((out / "bench_encode_gpu.json").read_text(encoding="utf-8"))
 

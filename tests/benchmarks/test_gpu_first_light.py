@@ -6,24 +6,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
+from preloaded_python import run_python
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "speed" / "gpu_first_light.py"
 
 
 def run_script(*args: str, out: Path, timeout: int = 300) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--threads", "1", "--out", str(out), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    result = run_python([str(SCRIPT), "--smoke", "--threads", "1", "--out", str(out), *args], env=env, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads((out / "first_light.json").read_text(encoding="utf-8")), result.stdout
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from preloaded_python import run_python
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "scale_run.py"
 
@@ -18,9 +18,7 @@ def _smoke(tmp_path, *extra, pythonpath: str | None = None):
     env["CDE_ST_CACHE"] = str(tmp_path / "cache")  # the sampler's clustering cache: this run's own
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", *extra], capture_output=True, text=True, timeout=600, env=env
-    )
+    return run_python([str(SCRIPT), "--smoke", *extra], env=env, timeout=600)
 
 
 def test_smoke_run_trains_both_models_and_scores_every_row(tmp_path):
