@@ -170,6 +170,24 @@ def train_run(argv: list[str] | None = None) -> int:
     args = _train_parser().parse_args(argv)
     # cde_st's own progress at INFO; dependencies (faiss, datasets, httpx, ...) only from WARNING up.
     _quiet_dependencies()
+    try:
+        return _train_command(args, argv)
+    finally:
+        _end_process_group()
+
+
+def _end_process_group() -> None:
+    """Under torchrun the trainer starts a process group and nothing ends it: a rank that exits with gloo's
+    threads still running can abort in C++ teardown ("terminate called without an active exception", exit -6)
+    after a successful run. The command owns its process, so it ends the group before exiting."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _train_command(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """:func:`train_run` once its options are parsed."""
     models: dict[str, str] = {}
     preset = None
     try:

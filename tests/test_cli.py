@@ -174,3 +174,15 @@ def test_train_into_a_folder_another_run_holds_is_one_line_naming_the_holder(tmp
     assert exc.value.code == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "in use by another training run" in line and "(the first run)" in line and f"pid {os.getpid()}" in line
+
+
+def test_train_command_ends_the_process_group_it_ran_under(tmp_path, capsys):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        assert train_run(["--preset", "tiny", "--print-config"]) == 0
+        assert not dist.is_initialized()  # a torchrun rank exits without gloo's threads still running
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
