@@ -15,6 +15,7 @@ from huggingface_hub import try_to_load_from_cache
 from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
 from cde_st import training
+from cde_st.distributed import end_process_group
 from cde_st.model import ContextualSentenceTransformer
 from cde_st.released import (
     ALIASES,
@@ -167,27 +168,15 @@ def train_main(argv: list[str] | None = None) -> None:
 def train_run(argv: list[str] | None = None) -> int:
     """Train a contextual model (or a bi-encoder baseline) from a preset and/or a YAML/JSON config; returns the
     exit status (0; 2 after a one-line ``error: ...``; 130 / 143 after SIGINT / SIGTERM)."""
-    args = _train_parser().parse_args(argv)
-    # cde_st's own progress at INFO; dependencies (faiss, datasets, httpx, ...) only from WARNING up.
-    _quiet_dependencies()
     try:
-        return _train_command(args, argv)
+        return _train_command(argv)
     finally:
-        _end_process_group()
+        end_process_group()  # the command owns its process: a torchrun rank exits with its process group ended
 
 
-def _end_process_group() -> None:
-    """Under torchrun the trainer starts a process group and nothing ends it: a rank that exits with gloo's
-    threads still running can abort in C++ teardown ("terminate called without an active exception", exit -6)
-    after a successful run. The command owns its process, so it ends the group before exiting."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _train_command(args: argparse.Namespace, argv: list[str] | None) -> int:
-    """:func:`train_run` once its options are parsed."""
+def _train_command(argv: list[str] | None) -> int:
+    args = _train_parser().parse_args(argv)
+    _quiet_dependencies()  # cde_st's own progress at INFO; dependencies (faiss, datasets, ...) from WARNING up
     models: dict[str, str] = {}
     preset = None
     try:
@@ -480,10 +469,8 @@ def convert_run(argv: list[str] | None = None) -> int:
         print(f"error: {unreachable} (cde-st-convert reads a released CDE checkpoint's files)", file=sys.stderr)
         return 2
     if not is_released_checkpoint(args.src, revision=args.revision):
-        print(
-            f"error: {args.src!r} is not a released CDE checkpoint (no config.json with the CDE fields).",
-            file=sys.stderr,
-        )
+        message = f"error: {args.src!r} is not a released CDE checkpoint (no config.json with the CDE fields)."
+        print(message, file=sys.stderr)
         return 2
     try:
         model = ContextualSentenceTransformer(

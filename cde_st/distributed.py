@@ -42,6 +42,14 @@ def world() -> tuple[int, int]:
     return 1, 0
 
 
+def end_process_group() -> None:
+    """Destroy the default process group if one is running. A process that exits with gloo's threads still up can
+    abort in C++ teardown ("terminate called without an active exception", exit -6) after a successful run; the
+    trainer starts the group under torchrun and nothing else ends it."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def average_gradients(ddp: DistributedDataParallel) -> None:
     """Average the gradients of every trainable parameter of ``ddp.module`` over ``ddp``'s process group.
 

@@ -250,3 +250,18 @@ def test_the_checks_find_what_they_look_for(tmp_path, monkeypatch):
     ]
     assert not missing_from_all(write(tmp_path, "from os import path\ndef b(): pass\n"))
     assert oversized_files([write(tmp_path, "x = 1\n" * (MAX_FILE_LINES + 1))])
+
+
+def test_importing_the_package_loads_no_heavy_library():
+    """``import cde_st`` stays cheap (the ``--workers`` parent and ``--help`` need no torch); its names load on use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cde_st\n"
+        "print(sorted(m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules))\n"
+        "assert sorted(cde_st.__all__) == sorted(cde_st._HOMES)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["[]"]

@@ -140,15 +140,10 @@ def _request_options(p) -> None:  # an argument group of the parser
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
+        import fastapi  # noqa: F401 - the serve extra, checked before anything starts
         import uvicorn
-
-        from cde_st.serving.app import Settings, create_app
     except ImportError as exc:
         sys.exit(f"cde-st-serve needs the serve extra: pip install 'cde_st[serve]' ({exc}).")
-    from cde_st.serving.connections import read_timeout_protocol
-    from cde_st.serving.contexts import ContextStore
-    from cde_st.serving.draining import DrainingServer
-    from cde_st.serving.engine import Engine
     from cde_st.serving.traffic import RequestIdFilter
 
     logging.basicConfig(
@@ -157,8 +152,13 @@ def main(argv: list[str] | None = None) -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(RequestIdFilter())
     api_key = _checked_options(args)
-    if args.workers != 1:
+    if args.workers != 1:  # the parent only starts and watches workers: it never imports the model's libraries
         sys.exit(_workers(args, sys.argv[1:] if argv is None else list(argv)))
+    from cde_st.serving.app import Settings, create_app
+    from cde_st.serving.connections import read_timeout_protocol
+    from cde_st.serving.contexts import ContextStore
+    from cde_st.serving.draining import DrainingServer
+    from cde_st.serving.engine import Engine
 
     engine = Engine(
         args.model,
