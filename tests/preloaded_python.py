@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["run_python"]
+__all__ = ["PreloadedProcess", "run_python", "start_python"]
 
 #: Variables read when torch, transformers, huggingface_hub or Python itself start: a run whose environment
 #: differs from the forkserver's in one of these needs a fresh interpreter.
@@ -46,6 +47,14 @@ def _forkserver():
     return _context
 
 
+def _context_for(args: list[str], env: dict[str, str]):
+    """The forkserver's context for a run of ``args`` under ``env``, or None where it needs a fresh interpreter."""
+    fresh = os.environ.get("CDE_ST_TESTS_FRESH_PYTHON") == "1" or not args
+    fresh = fresh or (args[0].startswith("-") and args[0] not in ("-m", "-c"))
+    context = None if fresh else _forkserver()
+    return None if context is None or _import_time(env) != _server_env else context
+
+
 def run_python(
     args: list[str], *, cwd: str | Path | None = None, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
@@ -53,14 +62,8 @@ def run_python(
     timeout=timeout)`` gives, ``args`` being a script path, ``-m MODULE`` or ``-c CODE`` and its arguments."""
     env = dict(os.environ if env is None else env)
     command = [sys.executable, *args]
-    fresh = (
-        os.environ.get("CDE_ST_TESTS_FRESH_PYTHON") == "1"
-        or not args
-        or args[0].startswith("-")
-        and (args[0] not in ("-m", "-c"))
-    )
-    context = None if fresh else _forkserver()
-    if context is None or _import_time(env) != _server_env:
+    context = _context_for(args, env)
+    if context is None:
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     with tempfile.TemporaryDirectory(prefix="preloaded-python-") as folder:
         out, err = Path(folder) / "stdout", Path(folder) / "stderr"
@@ -78,6 +81,54 @@ def run_python(
         )
 
 
+class PreloadedProcess:
+    """The part of :class:`subprocess.Popen` the tests use (``pid``, ``poll``, ``wait``, ``send_signal``,
+    ``terminate``, ``kill``, ``returncode``) for a process started by :func:`start_python`."""
+
+    def __init__(self, process, args: list[str]) -> None:
+        self._process, self.args, self.pid = process, args, process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self._process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def start_python(
+    args: list[str], *, log: str | Path, cwd: str | Path | None = None, env: dict[str, str] | None = None
+) -> PreloadedProcess | subprocess.Popen:
+    """What ``subprocess.Popen([sys.executable, *args], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+    cwd=cwd, env=env)`` starts, from the preloaded forkserver where it can (:func:`run_python`'s rules)."""
+    env = dict(os.environ if env is None else env)
+    command = [sys.executable, *args]
+    context = _context_for(args, env)
+    if context is None:
+        with open(log, "wb") as out:
+            return subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    Path(log).write_bytes(b"")
+    process = context.Process(target=_main, args=(list(args), str(cwd or os.getcwd()), env, str(log), str(log)))
+    process.start()
+    return PreloadedProcess(process, command)
+
+
 def _main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
     """In the forked process: become ``python *args`` and exit as it would."""
     import runpy
@@ -86,13 +137,13 @@ def _main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) ->
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    for fd, path, mode in (
-        (0, os.devnull, os.O_RDONLY),
-        (1, out, os.O_WRONLY | os.O_CREAT),
-        (2, err, os.O_WRONLY | os.O_CREAT),
-    ):
-        target = os.open(path, mode, 0o600)
-        os.dup2(target, fd)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    opened: dict[str, int] = {}  # stdout and stderr to one file share one offset, as with stderr=STDOUT
+    for fd, path in ((1, out), (2, err)):
+        if path not in opened:
+            opened[path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(opened[path], fd)
+    for target in opened.values():
         os.close(target)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own stdin, kept for its life
     sys.stdout = open(1, "w", closefd=False, buffering=1)  # noqa: SIM115

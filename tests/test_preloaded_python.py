@@ -44,3 +44,30 @@ def test_another_import_time_environment_gets_a_fresh_interpreter():
     assert run_python(["-c", code]).stdout.strip() == "True"  # preloaded
     fresh = run_python(["-c", code], env=dict(os.environ, HF_HOME=os.environ.get("HF_HOME", "") + "-other"))
     assert fresh.stdout.strip() == "False" and fresh.args[0] == sys.executable
+
+
+def test_a_started_process_takes_signals_and_writes_its_log(tmp_path):
+    import signal
+    import time
+
+    from preloaded_python import start_python
+
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('drained', flush=True), sys.exit(0)))\n"
+        "print('up', flush=True); print('to stderr', file=sys.stderr, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    log = tmp_path / "log"
+    process = start_python(["-c", code], log=log)
+    deadline = time.monotonic() + 60
+    while "to stderr" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None and process.returncode is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(timeout=0.1)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0 and log.read_text().split("\n")[:3] == ["up", "to stderr", "drained"]
+    killed = start_python(["-c", "import time; time.sleep(60)"], log=tmp_path / "killed")
+    killed.kill()
+    assert killed.wait(timeout=30) == -signal.SIGKILL

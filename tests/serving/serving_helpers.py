@@ -6,11 +6,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
+from preloaded_python import start_python
 
 API_KEY = "test-key-not-a-secret"
 API_KEY_ENV = "CDE_ST_TEST_API_KEY"
@@ -29,9 +29,8 @@ class Server:
             HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **{API_KEY_ENV: API_KEY}
         )
         full_env.update(env or {})
-        command = [sys.executable, "-m", "cde_st.serving", model, "--port", "0", "--log-level", "warning", *args]
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+        command = ["-m", "cde_st.serving", model, "--port", "0", "--log-level", "warning", *args]
+        self.proc = start_python(command, log=log, env=full_env)  # a real process, sentence-transformers preloaded
         self.url = self._wait_ready(timeout=120)
 
     def _wait_ready(self, timeout: float) -> str:
