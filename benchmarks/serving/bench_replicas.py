@@ -18,6 +18,8 @@ once in ``--work-dir``; one torch thread per process):
   which is killed (SIGKILL) at a growing delay inside the write, then started again. After each trial both must
   serve the context with the old or the new fingerprint, the same one, with the same vectors; a bystander context
   must be untouched. Outcomes counted, restart time given.
+- ``spread``: 4 keep-alive clients against ``--workers 2`` with ``--max-requests-per-connection`` 1000 and 10, in
+  ``--rounds`` alternating rounds: the CPU seconds each worker used, so where the connections landed.
 
 Writes ``results-SECTION-*.json`` in ``--work-dir`` and prints a Markdown table. Results: RESULTS_serving.md.
 """
@@ -262,7 +264,53 @@ def _post_quietly(url: str, body: dict, answer: dict) -> None:
     answer.update(status=response.status_code, fingerprint=response.json().get("fingerprint"))
 
 
-SECTIONS = {"replicas": replicas, "soak": soak, "kill9": kill9}
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def spread(folder: Path, work: Path, queries: list[str], args) -> list[dict]:
+    """4 keep-alive clients send 60 single queries each to ``--workers 2``, with ``--max-requests-per-connection``
+    1000 (the default: no connection ends within the run) and 10, in alternating rounds; how the workers' CPU time
+    splits shows where the connections landed."""
+    rows = []
+    for round_ in range(args.rounds):
+        for cap in ("1000", "10") if round_ % 2 == 0 else ("10", "1000"):
+            state = work / f"state-spread-{round_}-{cap}"
+            server = _server(folder, work, f"spread{cap}", "--state-dir", str(state), "--workers", "2",
+                             "--max-requests-per-connection", cap)  # fmt: skip
+            try:
+                deadline = time.monotonic() + 300
+                while len(_children(server.proc.pid)) < 2 or any(  # both workers loaded and idle
+                    not Path(f"/proc/{child}").exists() for child in _children(server.proc.pid)
+                ):
+                    assert time.monotonic() < deadline, "the workers did not start"
+                    time.sleep(1)
+                time.sleep(10)
+                workers = _children(server.proc.pid)
+                before = {pid: _cpu_seconds(pid) for pid in workers}
+                asyncio.run(_keep_alive_load(server.url, queries, clients=4, requests=60))
+                used = sorted((_cpu_seconds(pid) - before[pid] for pid in workers), reverse=True)
+            finally:
+                server.stop()
+            rows.append({"requests per connection": int(cap), "round": round_, "busier worker CPU s": round(used[0], 2),
+                         "other worker CPU s": round(used[1], 2), "busier share": round(used[0] / sum(used), 2)})  # fmt: skip
+    return rows
+
+
+async def _keep_alive_load(url: str, queries: list[str], clients: int, requests: int) -> None:
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+
+        async def one(i: int) -> None:
+            for j in range(requests):
+                body = {"model": "m", "input": [queries[(i * requests + j) % len(queries)]], "truncate": True}
+                (await client.post("/v1/embeddings", json=body)).raise_for_status()
+
+        await asyncio.gather(*(one(i) for i in range(clients)))
+
+
+SECTIONS = {"replicas": replicas, "soak": soak, "kill9": kill9, "spread": spread}
 
 
 def main() -> None:

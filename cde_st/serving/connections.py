@@ -5,12 +5,15 @@ sends nothing, or sends its headers or body a byte at a time, all the time it wa
 a thousand file descriptors and the server stops accepting (``/health`` times out). :func:`read_timeout_protocol`
 makes uvicorn's h11 protocol close a connection whose request (headers and body) has not fully arrived within
 ``seconds`` of the connection opening or of the previous answer. ``--max-connections`` (uvicorn's
-``limit_concurrency``) caps what is left: past it uvicorn answers 503 at once.
+``limit_concurrency``) caps what is left: past it uvicorn answers 503 at once. ``--max-requests-per-connection``
+ends a keep-alive connection after that many answers (the last says ``Connection: close``), so that with
+``--workers`` a long-lived client's connection does not stay on one worker for good.
 """
 
 from __future__ import annotations
 
 import h11
+from uvicorn.protocols.http.flow_control import CLOSE_HEADER
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 __all__ = ["ReadTimeoutH11Protocol", "read_timeout_protocol"]
@@ -21,7 +24,10 @@ class ReadTimeoutH11Protocol(H11Protocol):
     the connection opened or the previous answer was sent."""
 
     read_timeout = 10.0
+    max_requests: int | None = None  # per connection; the last one's answer says "Connection: close"
     _read_timer = None
+    _requests = 0
+    _counted = None  # the request cycle last counted
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -43,6 +49,13 @@ class ReadTimeoutH11Protocol(H11Protocol):
 
     def handle_events(self) -> None:
         super().handle_events()
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and cycle is not self._counted:  # a new request: its app has not started yet
+            self._counted, self._requests = cycle, self._requests + 1
+            if self.max_requests is not None and self._requests >= self.max_requests:
+                # uvicorn answers a request that asked to close with "Connection: close" and then closes: the
+                # client opens a new connection, which any of the workers sharing the port may accept.
+                cycle.scope["headers"].append(CLOSE_HEADER)
         if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):
             self._cancel_read_timer()  # the request has arrived: the time limit now is the work's, not ours
 
@@ -56,8 +69,12 @@ class ReadTimeoutH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
 
-def read_timeout_protocol(seconds: float) -> type[ReadTimeoutH11Protocol]:
-    """The protocol class to give uvicorn (``Config(http=...)``) for a request time limit of ``seconds``."""
+def read_timeout_protocol(seconds: float, max_requests: int | None = None) -> type[ReadTimeoutH11Protocol]:
+    """The protocol class to give uvicorn (``Config(http=...)``) for a request time limit of ``seconds`` and at
+    most ``max_requests`` requests per connection (None: no limit)."""
     if seconds <= 0:
         raise ValueError(f"the request read timeout must be > 0 seconds, got {seconds}.")
-    return type("ReadTimeoutH11Protocol", (ReadTimeoutH11Protocol,), {"read_timeout": float(seconds)})
+    if max_requests is not None and max_requests < 1:
+        raise ValueError(f"the requests per connection must be >= 1, got {max_requests}.")
+    fields = {"read_timeout": float(seconds), "max_requests": max_requests}
+    return type("ReadTimeoutH11Protocol", (ReadTimeoutH11Protocol,), fields)

@@ -129,6 +129,13 @@ def _request_options(p) -> None:  # an argument group of the parser
         "--keep-alive-s", type=int, default=5, help="an idle connection is closed after this long (default 5)"
     )
     p.add_argument(
+        "--max-requests-per-connection",
+        type=int,
+        default=1000,
+        help="answers on one keep-alive connection; the last says 'Connection: close', so that a client's next "
+        "connection may go to another --workers process (default 1000, as nginx's keepalive_requests)",
+    )
+    p.add_argument(
         "--drain-timeout-s",
         type=float,
         default=30.0,
@@ -210,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         log_level=args.log_level,
         log_config=None,  # uvicorn's loggers go through the handler above, request id included
         access_log=args.access_log,
-        http=read_timeout_protocol(args.read_timeout_s),
+        http=read_timeout_protocol(args.read_timeout_s, args.max_requests_per_connection),
         limit_concurrency=args.max_connections,
         timeout_keep_alive=args.keep_alive_s,
         timeout_graceful_shutdown=10,
@@ -249,6 +256,8 @@ def _checked_options(args: argparse.Namespace) -> str | None:
         sys.exit("--max-batch-size, --max-queue and --max-inputs must be >= 1, --max-wait-ms >= 0.")
     if args.max_connections < 1 or args.read_timeout_s <= 0 or args.keep_alive_s < 1 or args.drain_timeout_s < 0:
         sys.exit("--max-connections and --keep-alive-s must be >= 1, --read-timeout-s > 0, --drain-timeout-s >= 0.")
+    if args.max_requests_per_connection < 1:
+        sys.exit(f"--max-requests-per-connection must be >= 1, got {args.max_requests_per_connection}.")
     if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
         sys.exit(f"--max-batch-tokens must be >= 1, got {args.max_batch_tokens}.")
     return api_key

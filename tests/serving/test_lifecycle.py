@@ -133,3 +133,28 @@ def test_a_request_without_input_type_is_warned_about(server):
     )
     assert "input_type" in silent.headers["x-cde-st-warning"] and "x-cde-st-warning" not in said.headers
     assert server.output().count("embedded as documents") == warned + 1
+
+
+def _answer(stream) -> dict[str, str]:
+    """Read one HTTP/1.1 answer from ``stream``; its headers, lower-cased."""
+    assert stream.readline().startswith(b"HTTP/1.1 200")
+    headers = {}
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip().lower()
+    stream.read(int(headers.get("content-length", 0)))
+    return headers
+
+
+def test_a_keep_alive_connection_ends_after_its_request_limit(start_server, plain_dir):
+    server = start_server(plain_dir, "--max-requests-per-connection", "3")
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock, sock.makefile("rb") as stream:
+        answers = []
+        for _ in range(3):
+            sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            answers.append(_answer(stream))
+        assert [a.get("connection") for a in answers] == [None, None, "close"]
+        assert stream.read(1) == b""  # the server closed it: the client's next connection may go to another worker
+    with server.client(key=None) as client:  # a client reconnects by itself
+        assert all(client.get("/health").status_code == 200 for _ in range(7))

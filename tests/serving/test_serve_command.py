@@ -23,6 +23,8 @@ def test_an_unset_key_variable_and_bad_limits_are_refused(monkeypatch):
         main(["any-model", "--api-key-env", "CDE_ST_NO_SUCH_KEY"])
     with pytest.raises(SystemExit, match="max-batch-size"):
         main(["any-model", "--max-batch-size", "0"])
+    with pytest.raises(SystemExit, match="max-requests-per-connection"):
+        main(["any-model", "--max-requests-per-connection", "0"])
     for bad in ("-1", "inf", "nan", "many"):
         with pytest.raises(SystemExit):  # argparse names the option and the value on stderr
             main(["any-model", "--forward-overhead-tokens", bad])
