@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import socket
 import sys
@@ -240,7 +241,7 @@ def _overhead(value: str) -> float | str | None:
         tokens = float(value)
     except ValueError:
         tokens = -1.0
-    if not tokens >= 0 or tokens == float("inf"):
+    if not (math.isfinite(tokens) and tokens >= 0):
         raise argparse.ArgumentTypeError(f"expected auto, off or a number of tokens >= 0, got {value!r}")
     return tokens
 

@@ -94,17 +94,19 @@ class RequestTokenizer:
         # Texts within the limit take the other path (their count's ids, padded here): it must agree too.
         short = _PROBES[:2]
         expected = dict(self.model.preprocess(short, prompt=prompt))
-        _, got = self._features(short, prompt)
+        _, got = self._features(short, prompt, exact=True)
         if set(got) != set(expected) - set(constants) or not all(torch.equal(got[k], expected[k]) for k in got):
             return False
         self._constants[prompt] = constants
         return True
 
-    def _features(self, texts: Sequence[str], prompt: str) -> tuple[np.ndarray, dict]:
-        """Tokens per text before truncation, and the features: texts all within ``max_seq_length`` are
-        tokenised once (the count's ids, padded here), a longer one a second time with truncation."""
+    def _features(self, texts: Sequence[str], prompt: str, exact: bool) -> tuple[np.ndarray, dict | None]:
+        """Tokens per text before truncation, and (``exact``) the features: texts all within ``max_seq_length``
+        are tokenised once (the count's ids, padded here), a longer one a second time with truncation."""
         whole = self.tokenizer([prompt + t for t in texts], truncation=False, verbose=False)
         counted = np.array([len(row) for row in whole["input_ids"]], dtype=np.int64)
+        if not exact:
+            return counted, None
         if counted.max(initial=0) > self.max_seq_length or set(whole) - set(self._pads):
             return counted, self._encode(list(texts), prompt)
         width = int(counted.max(initial=0))
@@ -127,12 +129,9 @@ class RequestTokenizer:
         bounded = bound_texts(texts, self.max_seq_length, self.tokenizer)
         cut = np.array([len(b) < len(t) for b, t in zip(bounded, texts)], dtype=bool)
         # The bounded texts are short, so counting them whole is cheap: an exact count of every text not cut.
-        if self.exact:
-            counted, features = self._features(bounded, prompt)
+        counted, features = self._features(bounded, prompt, self.exact)
+        if features is not None:
             features.update(self._constants[prompt])  # every prompt a request can get was checked at start
-        else:
-            ids = self.tokenizer([prompt + t for t in bounded], truncation=False, verbose=False)["input_ids"]
-            counted, features = np.array([len(row) for row in ids], dtype=np.int64), None
         lengths = np.minimum(counted, self.max_seq_length)
         return Tokens(bounded, prompt, lengths, counted, cut, features)
 
@@ -196,21 +195,16 @@ def plan_forwards(
             size = min(size, max(1, max_tokens // int(widths[start])))
         return size
 
-    if overhead_tokens is None:
-        cuts, start = [], 0
-        while start < n:
-            stop = start + longest_from(start)
-            cuts.append((start, stop))
-            start = stop
-        return cuts
-    # best[i]: the least cost of the texts from i to the end; a range from i costs overhead + size x widths[i].
-    best = np.zeros(n + 1)
-    step = np.zeros(n, dtype=np.int64)
-    for start in range(n - 1, -1, -1):
-        sizes = np.arange(1, longest_from(start) + 1)
-        costs = overhead_tokens + sizes * widths[start] + best[start + sizes]
-        pick = len(costs) - 1 - int(np.argmin(costs[::-1]))  # on a tie, the fuller forward
-        best[start], step[start] = costs[pick], sizes[pick]
+    # step[i]: the size of the forward starting at text i. With a cost, best[i] is the least cost of the texts from
+    # i to the end, a range from i costing overhead + size x widths[i].
+    step = np.array([longest_from(start) for start in range(n)], dtype=np.int64)
+    if overhead_tokens is not None:
+        best = np.zeros(n + 1)
+        for start in range(n - 1, -1, -1):
+            sizes = np.arange(1, step[start] + 1)
+            costs = overhead_tokens + sizes * widths[start] + best[start + sizes]
+            pick = len(costs) - 1 - int(np.argmin(costs[::-1]))  # on a tie, the fuller forward
+            best[start], step[start] = costs[pick], sizes[pick]
     cuts, start = [], 0
     while start < n:
         cuts.append((start, start + int(step[start])))
