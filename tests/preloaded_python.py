@@ -113,13 +113,19 @@ class PreloadedProcess:
 
 
 def start_python(
-    args: list[str], *, log: str | Path, cwd: str | Path | None = None, env: dict[str, str] | None = None
+    args: list[str],
+    *,
+    log: str | Path,
+    cwd: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    fresh: bool = False,
 ) -> PreloadedProcess | subprocess.Popen:
     """What ``subprocess.Popen([sys.executable, *args], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-    cwd=cwd, env=env)`` starts, from the preloaded forkserver where it can (:func:`run_python`'s rules)."""
+    cwd=cwd, env=env)`` starts, from the preloaded forkserver where it can (:func:`run_python`'s rules); with
+    ``fresh``, always a fresh interpreter (a run whose own main module matters, e.g. to processes it spawns)."""
     env = dict(os.environ if env is None else env)
     command = [sys.executable, *args]
-    context = _context_for(args, env)
+    context = None if fresh else _context_for(args, env)
     if context is None:
         with open(log, "wb") as out:
             return subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)

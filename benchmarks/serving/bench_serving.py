@@ -290,6 +290,9 @@ def main() -> None:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--forward-overhead-tokens", default="auto", help="the servers' option (off: forwards kept full)")
+    p.add_argument(
+        "--model-process", action="store_true", help="the servers' option: forwards in a process of their own"
+    )
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "cde_st_bench_serving"))
     context_rows.add_arguments(p)
     args = p.parse_args()
@@ -318,7 +321,7 @@ def main() -> None:
                "forward_seconds": 0.0}
               for m in measurements}  # fmt: skip
     # Both servers run from the start (an idle one costs nothing), so their measurements can take turns.
-    extra = ["--forward-overhead-tokens", args.forward_overhead_tokens]
+    extra = ["--forward-overhead-tokens", args.forward_overhead_tokens] + ["--model-process"] * args.model_process
     servers = {kind: Server(folders[kind], work / f"server-{kind}.log", args.max_batch_size, args.max_wait_ms, extra)
                for kind in args.models}  # fmt: skip
     engines = {}  # the server's forward, in this process

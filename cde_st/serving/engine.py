@@ -1,6 +1,7 @@
 """The served model: loading it, and the two things the server asks of it (embed a batch of texts with a context,
 embed a new context). Every forward runs in :attr:`Engine.executor`, one worker thread, so forwards never block the
-event loop and never run two at a time (a second forward would only split the same cores). A new context's first
+event loop and never run two at a time (a second forward would only split the same cores); with ``model_process``
+that thread hands embedding forwards to a child process (:mod:`cde_st.serving.model_process`). A new context's first
 stage runs there one batch at a time (:meth:`Engine.create_context`), so embedding batches queued meanwhile run
 between its batches instead of waiting for the whole context.
 
@@ -39,6 +40,7 @@ from cde_st.serving.context_cache import CacheStats, ContextStateCache
 from cde_st.serving.context_errors import ContextTooLarge, NonFiniteEmbedding
 from cde_st.serving.contexts import DEFAULT_NAME, StoredContext
 from cde_st.serving.identity import model_identity
+from cde_st.serving.model_process import ModelProcess
 from cde_st.serving.tokens import RequestTokenizer, Tokens
 
 logger = logging.getLogger(__name__)
@@ -115,6 +117,7 @@ class Engine:
         max_batch_tokens: int | None = None,
         context_cache_bytes: int = CONTEXT_CACHE_BYTES,
         context_batch_size: int = CONTEXT_BATCH_SIZE,
+        model_process: bool = False,
     ) -> None:
         location = model if isinstance(model, str) else None
         self.model = load_model(model, device=device) if isinstance(model, str) else model
@@ -158,6 +161,19 @@ class Engine:
         self._model_context = self._saved_context()
         self._active: StoredContext | str | None = None  # None: nothing activated yet; _NULL: the null context
         self._scopes = ExitStack()
+        #: Where embedding forwards run when ``model_process`` is set: a child process with its own interpreter
+        #: (:mod:`cde_st.serving.model_process`); creations and the forward-cost probes' tokenising stay here.
+        self.model_process: ModelProcess | None = None
+        if model_process:
+            if self.model.device.type != "cpu":
+                raise ValueError(
+                    f"A model process serves CPU models only; this model is on {self.model.device}. Leave out the "
+                    "model process option (--model-process) for it."
+                )
+            settings = dict(max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
+                            context_cache_bytes=context_cache_bytes)  # fmt: skip
+            self.model_process = ModelProcess(self.model, settings)
+            self.model_process.start()
         if self.contextual:
             module = self.model.contextual_module
             # A server never changes its weights: one weights check for the engine's life (like one encode call),
@@ -169,9 +185,11 @@ class Engine:
             self._null_vectors = torch.zeros(0, module.hidden_size)
 
     def close(self) -> None:
-        """Stop the worker threads and end the engine's weights-check scope."""
+        """Stop the worker threads and the model's process, and end the engine's weights-check scope."""
         self.tokenizer_executor.shutdown(wait=True)
         self.executor.shutdown(wait=True)
+        if self.model_process is not None:
+            self.model_process.close()
         self._scopes.close()
 
     # ------------------------------------------------------------------ contexts
@@ -288,8 +306,9 @@ class Engine:
             self.states.put(key, entry, self.model.contextual_module.context_cache_bytes())
 
     def cache_stats(self) -> CacheStats:
-        """The contexts whose keys/values are kept, their bytes, and the evictions so far."""
-        return self.states.stats()
+        """The contexts whose keys/values are kept, their bytes, and the evictions so far (with a model process:
+        as of its last forward)."""
+        return self.states.stats() if self.model_process is None else self.model_process.cache
 
     # ------------------------------------------------------------------ embedding
     def prompt_for(self, input_type: str | None) -> str:
@@ -318,7 +337,13 @@ class Engine:
     def embed_tokens(self, parts: list[Tokens], context: StoredContext | None) -> Batch:
         """The forwards of a batch of tokenised requests (``parts``, all with one prompt), chunked at
         ``max_batch_size`` texts and ``max_batch_tokens`` tokens, with ``context`` (None: the null context of a
-        contextual model, nothing for a plain one); one row per text, requests in order."""
+        contextual model, nothing for a plain one); one row per text, requests in order. With a model process the
+        forwards run there, and :class:`~cde_st.serving.model_process.ModelProcessFailed` says it died."""
+        if self.model_process is not None:
+            batch, forwards = self.model_process.embed(parts, context, self.forward_overhead_tokens)
+            self.forwards += forwards
+            self.last_forward = time.perf_counter()
+            return batch
         if self.contextual:
             self._activate(context)
         embeddings = self._forward(parts)

@@ -74,6 +74,13 @@ def _batching_options(p) -> None:  # an argument group of the parser
         "as --max-batch-size and --max-batch-tokens allow; default auto)",
     )
     p.add_argument(
+        "--model-process",
+        action="store_true",
+        help="run the forwards in a process of their own beside the HTTP one (CPU models only): the event loop's "
+        "Python then never holds up the model between torch operations, which matters most for short texts; costs "
+        "a second process start (default: a thread of the server's process)",
+    )
+    p.add_argument(
         "--truncate",
         action="store_true",
         help="embed the first max_seq_length tokens of a longer input when a request does not say (default: refuse "
@@ -166,17 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     from cde_st.serving.connections import read_timeout_protocol
     from cde_st.serving.contexts import ContextStore
     from cde_st.serving.draining import DrainingServer
-    from cde_st.serving.engine import Engine
 
-    engine = Engine(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        served_name=args.served_model_name,
-        max_batch_size=args.max_batch_size,
-        max_batch_tokens=args.max_batch_tokens,
-        context_cache_bytes=int(max(args.context_cache_mb, 0) * 1024 * 1024),
-    )
+    engine = _engine(args)
     try:
         store = ContextStore(args.state_dir, engine.identity, refresh_seconds=max(args.context_refresh_s, 0.0))
     except RuntimeError as exc:
@@ -262,6 +260,27 @@ def _checked_options(args: argparse.Namespace) -> str | None:
     if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
         sys.exit(f"--max-batch-tokens must be >= 1, got {args.max_batch_tokens}.")
     return api_key
+
+
+def _engine(args: argparse.Namespace):
+    """The served model's engine; an option it cannot honour (``--model-process`` off the CPU) exits naming it."""
+    from cde_st.serving.engine import Engine
+
+    try:
+        return Engine(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            served_name=args.served_model_name,
+            max_batch_size=args.max_batch_size,
+            max_batch_tokens=args.max_batch_tokens,
+            context_cache_bytes=int(max(args.context_cache_mb, 0) * 1024 * 1024),
+            model_process=args.model_process,
+        )
+    except ValueError as exc:
+        if not args.model_process:
+            raise
+        sys.exit(f"--model-process: {exc}")
 
 
 def _raise_open_files_limit(connections: int) -> None:

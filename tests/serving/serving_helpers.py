@@ -22,7 +22,7 @@ LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 class Server:
     """One ``python -m cde_st.serving`` process (what the ``cde-st-serve`` script runs), its output in a log file."""
 
-    def __init__(self, model: str, log: Path, *args: str, env: dict | None = None) -> None:
+    def __init__(self, model: str, log: Path, *args: str, env: dict | None = None, fresh: bool = False) -> None:
         self.log = log
         full_env = dict(os.environ)
         full_env.update(
@@ -30,7 +30,8 @@ class Server:
         )
         full_env.update(env or {})
         command = ["-m", "cde_st.serving", model, "--port", "0", "--log-level", "warning", *args]
-        self.proc = start_python(command, log=log, env=full_env)  # a real process, sentence-transformers preloaded
+        # a real process, from the forkserver with sentence-transformers preloaded unless ``fresh``
+        self.proc = start_python(command, log=log, env=full_env, fresh=fresh)
         self.url = self._wait_ready(timeout=120)
 
     def _wait_ready(self, timeout: float) -> str:
