@@ -62,7 +62,13 @@ def _rss_mib(pid: int) -> float:
 
 
 def _children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    """``pid``'s child processes (each listed under the thread that started it)."""
+    return [int(p) for task in Path(f"/proc/{pid}/task").iterdir() for p in (task / "children").read_text().split()]
+
+
+def _tree_rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` and its descendants (a worker's model process; pages they share count twice)."""
+    return _rss_mib(pid) + sum(_tree_rss_mib(child) for child in _children(pid))
 
 
 def replicas(folder: Path, work: Path, queries: list[str], args) -> list[dict]:
@@ -141,15 +147,18 @@ def _sample_memory(pid: int, samples: list, stop: threading.Event) -> None:
     started = time.monotonic()
     while not stop.wait(10):
         try:
-            workers = {child: _rss_mib(child) for child in _children(pid)}
+            workers = {child: _tree_rss_mib(child) for child in _children(pid)}
+            below = {child: sum(_tree_rss_mib(g) for g in _children(child)) for child in workers}  # model processes
         except (FileNotFoundError, ProcessLookupError):
             continue
-        samples.append({"s": round(time.monotonic() - started, 1), "parent": _rss_mib(pid), "workers": workers})
+        samples.append({"s": round(time.monotonic() - started, 1), "parent": _rss_mib(pid), "workers": workers,
+                        "workers' children": below})  # fmt: skip
 
 
 def soak(folder: Path, work: Path, queries: list[str], args) -> list[dict]:
     state = work / "state-soak"
-    server = _server(folder, work, "soak", "--state-dir", str(state), "--workers", "2", "--context-refresh-s", "0.2")
+    flags = ["--state-dir", str(state), "--workers", "2", "--context-refresh-s", "0.2"] + args.server_flags
+    server = _server(folder, work, "soak", *flags)
     samples, statuses, latencies, stop = [], Counter(), [], threading.Event()
     try:
         with httpx.Client(base_url=server.url, timeout=600) as client:
@@ -319,6 +328,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=None, help="replicas: 60 in all (default); soak: 600")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--trials", type=int, default=6, help="kill9: trials (kills 0.2 s apart)")
+    p.add_argument("--model-process", dest="server_flags", action="store_const", const=["--model-process"],
+                   default=[], help="soak: the workers run their forwards in model processes")  # fmt: skip
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "cde_st_bench_serving"))
     args = p.parse_args()
     args.seconds = args.seconds or (600.0 if args.section == "soak" else 60.0)

@@ -82,8 +82,16 @@ class ModelProcess:
         process = context.Process(
             target=_serve, args=(child, self.model, self.settings), name="cde-st-model", daemon=True
         )
-        process.start()
-        child.close()
+        try:
+            process.start()  # the weights move to shared memory here
+        except (OSError, RuntimeError) as exc:
+            parent.close()
+            raise ModelProcessFailed(
+                f"The model's process could not start ({type(exc).__name__}: {exc}). Its weights go to shared memory "
+                "(/dev/shm): in a container, give it room for the model (docker run --shm-size)."
+            ) from exc
+        finally:
+            child.close()
         self._conn, self._process, self._ready = parent, process, False
         self._sent.clear()
         self.starts += 1

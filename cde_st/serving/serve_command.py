@@ -263,8 +263,10 @@ def _checked_options(args: argparse.Namespace) -> str | None:
 
 
 def _engine(args: argparse.Namespace):
-    """The served model's engine; an option it cannot honour (``--model-process`` off the CPU) exits naming it."""
+    """The served model's engine; a model process it cannot start (off the CPU, no room in shared memory) exits
+    naming the option."""
     from cde_st.serving.engine import Engine
+    from cde_st.serving.model_process import ModelProcessFailed
 
     try:
         return Engine(
@@ -277,7 +279,7 @@ def _engine(args: argparse.Namespace):
             context_cache_bytes=int(max(args.context_cache_mb, 0) * 1024 * 1024),
             model_process=args.model_process,
         )
-    except ValueError as exc:
+    except (ValueError, ModelProcessFailed) as exc:
         if not args.model_process:
             raise
         sys.exit(f"--model-process: {exc}")

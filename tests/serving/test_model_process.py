@@ -135,6 +135,18 @@ def test_close_ends_the_child(plain_dir):
     assert not _alive(pid) and engine.model_process.pid is None
 
 
+def test_a_child_that_cannot_start_says_why(cde_dir, monkeypatch):
+    """Sharing the weights fails where shared memory is too small (a container's 64 MB /dev/shm): the error says
+    so instead of a bare RuntimeError from torch."""
+
+    def no_room(self):
+        raise RuntimeError("unable to write to file </torch_1_2>: No space left on device (28)")
+
+    monkeypatch.setattr(torch.multiprocessing.get_context("spawn").Process, "start", no_room)
+    with pytest.raises(ModelProcessFailed, match=r"shared memory \(/dev/shm\).*--shm-size"):
+        Engine(ContextualSentenceTransformer(cde_dir), model_process=True)
+
+
 def test_a_model_off_the_cpu_is_refused_with_the_option_named(cde_dir, monkeypatch):
     model = ContextualSentenceTransformer(cde_dir)
     monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("cuda", 0)))
