@@ -35,6 +35,7 @@ import torch
 
 from cde_st.serving.batching import Unavailable
 from cde_st.serving.context_cache import CacheStats
+from cde_st.serving.context_errors import ContextError
 
 __all__ = ["START_TIMEOUT", "STOP_TIMEOUT", "ModelProcess", "ModelProcessFailed"]
 
@@ -246,5 +247,7 @@ def _serve(conn, model: torch.nn.Module, settings: dict) -> None:
             batch = engine.embed_tokens([_to_torch(part) for part in parts], contexts.get(serial))
             reply = ("ok", _Reply(batch, engine.forwards - forwards, engine.cache_stats()))
         except Exception as exc:
+            if not isinstance(exc, ContextError):  # a fault, not a refusal: its traceback is only here
+                logger.exception("A forward failed in the model process.")
             reply = ("error", _picklable(exc))
         conn.send_bytes(pickle.dumps(reply, protocol=5))
