@@ -7,7 +7,9 @@ makes uvicorn's h11 protocol close a connection whose request (headers and body)
 ``seconds`` of the connection opening or of the previous answer. ``--max-connections`` (uvicorn's
 ``limit_concurrency``) caps what is left: past it uvicorn answers 503 at once. ``--max-requests-per-connection``
 ends a keep-alive connection after that many answers (the last says ``Connection: close``), so that with
-``--workers`` a long-lived client's connection does not stay on one worker for good.
+``--workers`` a long-lived client's connection does not stay on one worker for good, and
+``--max-connection-age-s`` does the same for a connection open that long: slow clients (a request every few
+seconds) would take hours to reach a request count.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ class ReadTimeoutH11Protocol(H11Protocol):
 
     read_timeout = 10.0
     max_requests: int | None = None  # per connection; the last one's answer says "Connection: close"
+    max_age: float | None = None  # seconds; the first request after it gets "Connection: close"
+    _opened = 0.0
     _read_timer = None
     _requests = 0
     _counted = None  # the request cycle last counted
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._opened = self.loop.time()
         self._arm_read_timer()
 
     def _arm_read_timer(self) -> None:
@@ -52,7 +57,9 @@ class ReadTimeoutH11Protocol(H11Protocol):
         cycle = getattr(self, "cycle", None)
         if cycle is not None and cycle is not self._counted:  # a new request: its app has not started yet
             self._counted, self._requests = cycle, self._requests + 1
-            if self.max_requests is not None and self._requests >= self.max_requests:
+            if (self.max_requests is not None and self._requests >= self.max_requests) or (
+                self.max_age is not None and self.loop.time() - self._opened >= self.max_age
+            ):
                 # uvicorn answers a request that asked to close with "Connection: close" and then closes: the
                 # client opens a new connection, which any of the workers sharing the port may accept.
                 cycle.scope["headers"].append(CLOSE_HEADER)
@@ -69,12 +76,17 @@ class ReadTimeoutH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
 
-def read_timeout_protocol(seconds: float, max_requests: int | None = None) -> type[ReadTimeoutH11Protocol]:
-    """The protocol class to give uvicorn (``Config(http=...)``) for a request time limit of ``seconds`` and at
-    most ``max_requests`` requests per connection (None: no limit)."""
+def read_timeout_protocol(
+    seconds: float, max_requests: int | None = None, max_age: float | None = None
+) -> type[ReadTimeoutH11Protocol]:
+    """The protocol class to give uvicorn (``Config(http=...)``) for a request time limit of ``seconds``, at
+    most ``max_requests`` requests per connection and requests on a connection at most ``max_age`` seconds old
+    (None: no limit)."""
     if seconds <= 0:
         raise ValueError(f"the request read timeout must be > 0 seconds, got {seconds}.")
     if max_requests is not None and max_requests < 1:
         raise ValueError(f"the requests per connection must be >= 1, got {max_requests}.")
-    fields = {"read_timeout": float(seconds), "max_requests": max_requests}
+    if max_age is not None and not max_age > 0:
+        raise ValueError(f"the connection age limit must be > 0 seconds, got {max_age}.")
+    fields = {"read_timeout": float(seconds), "max_requests": max_requests, "max_age": max_age}
     return type("ReadTimeoutH11Protocol", (ReadTimeoutH11Protocol,), fields)

@@ -144,6 +144,13 @@ def _request_options(p) -> None:  # an argument group of the parser
         "connection may go to another --workers process (default 1000, as nginx's keepalive_requests)",
     )
     p.add_argument(
+        "--max-connection-age-s",
+        type=float,
+        default=60.0,
+        help="the first request on a connection open this long is answered with 'Connection: close', for the same "
+        "reason, for clients too slow to reach --max-requests-per-connection (default 60)",
+    )
+    p.add_argument(
         "--drain-timeout-s",
         type=float,
         default=30.0,
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         log_level=args.log_level,
         log_config=None,  # uvicorn's loggers go through the handler above, request id included
         access_log=args.access_log,
-        http=read_timeout_protocol(args.read_timeout_s, args.max_requests_per_connection),
+        http=read_timeout_protocol(args.read_timeout_s, args.max_requests_per_connection, args.max_connection_age_s),
         limit_concurrency=args.max_connections,
         timeout_keep_alive=args.keep_alive_s,
         timeout_graceful_shutdown=10,
@@ -257,6 +264,8 @@ def _checked_options(args: argparse.Namespace) -> str | None:
         sys.exit("--max-connections and --keep-alive-s must be >= 1, --read-timeout-s > 0, --drain-timeout-s >= 0.")
     if args.max_requests_per_connection < 1:
         sys.exit(f"--max-requests-per-connection must be >= 1, got {args.max_requests_per_connection}.")
+    if not args.max_connection_age_s > 0:  # also NaN
+        sys.exit(f"--max-connection-age-s must be > 0, got {args.max_connection_age_s}.")
     if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
         sys.exit(f"--max-batch-tokens must be >= 1, got {args.max_batch_tokens}.")
     return api_key

@@ -158,3 +158,17 @@ def test_a_keep_alive_connection_ends_after_its_request_limit(start_server, plai
         assert stream.read(1) == b""  # the server closed it: the client's next connection may go to another worker
     with server.client(key=None) as client:  # a client reconnects by itself
         assert all(client.get("/health").status_code == 200 for _ in range(7))
+
+
+def test_a_keep_alive_connection_ends_at_its_first_request_past_the_age_limit(start_server, plain_dir):
+    """A slow client never reaches a request count: its connection still ends once it is old enough."""
+    server = start_server(plain_dir, "--max-connection-age-s", "1")
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock, sock.makefile("rb") as stream:
+        answers = []
+        for pause in (0, 0, 1.2):
+            time.sleep(pause)
+            sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            answers.append(_answer(stream))
+        assert [a.get("connection") for a in answers] == [None, None, "close"]
+        assert stream.read(1) == b""

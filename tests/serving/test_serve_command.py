@@ -25,6 +25,9 @@ def test_an_unset_key_variable_and_bad_limits_are_refused(monkeypatch):
         main(["any-model", "--max-batch-size", "0"])
     with pytest.raises(SystemExit, match="max-requests-per-connection"):
         main(["any-model", "--max-requests-per-connection", "0"])
+    for age in ("0", "nan"):
+        with pytest.raises(SystemExit, match="max-connection-age-s"):
+            main(["any-model", "--max-connection-age-s", age])
     for bad in ("-1", "inf", "nan", "many"):
         with pytest.raises(SystemExit):  # argparse names the option and the value on stderr
             main(["any-model", "--forward-overhead-tokens", bad])
