@@ -71,6 +71,7 @@ class ModelProcess:
         self._forgotten: deque[int] = deque()  # contexts let go since the last message
         self._next_serial = 0
         self._conn = self._process = None
+        self._ready = False  # the running child answered that it is ready
         self._lock = threading.Lock()
         self.starts = 0
         self.cache = CacheStats(0, 0, 0, int(self.settings.get("context_cache_bytes", 0)))

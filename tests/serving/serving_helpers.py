@@ -68,3 +68,19 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         return self.proc.returncode
+
+
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has ended)."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except FileNotFoundError:
+        return False
+
+
+def wait_until_ended(pid: int, seconds: float = 10) -> bool:
+    """Wait at most ``seconds`` for process ``pid`` to end; whether it did."""
+    deadline = time.monotonic() + seconds
+    while process_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not process_running(pid)

@@ -17,6 +17,7 @@ import pytest
 import torch
 from sample_texts import SHORT_DOCS, TOPIC_DOCS
 from sentence_transformers import SentenceTransformer
+from serving_helpers import process_running, wait_until_ended
 
 from cde_st import ContextualSentenceTransformer
 from cde_st.serving.context_errors import NonFiniteEmbedding
@@ -41,13 +42,6 @@ class _ExitWhenRead:
 
     def __reduce__(self):
         return os._exit, (3,)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
-    except FileNotFoundError:
-        return False
 
 
 def test_embeddings_equal_the_engine_s_own_thread(engines):
@@ -125,14 +119,11 @@ def test_close_ends_the_child(plain_dir):
         got, expected = engine.embed(SHORT_DOCS, None, None), local.embed(SHORT_DOCS, None, None)
         assert np.abs(got.embeddings - expected.embeddings).max() <= 1e-6
         pid = engine.model_process.pid
-        assert _alive(pid)
+        assert process_running(pid)
     finally:
         engine.close()
         local.close()
-    deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid) and engine.model_process.pid is None
+    assert wait_until_ended(pid) and engine.model_process.pid is None
 
 
 def test_a_child_that_cannot_start_says_why(cde_dir, monkeypatch):
@@ -189,9 +180,7 @@ def test_a_server_answers_through_its_model_process(cde_dir, cde_model, start_se
     assert np.abs(_embed(server, QUERIES, "topics") - in_context).max() <= 1e-5
     child = _model_child(server.proc.pid)
     os.kill(child, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until_ended(child)
     # A batch sent as the child died gets 503 with Retry-After; the next one starts a new child and is answered.
     body = {"model": "tiny-cde", "input": QUERIES, "input_type": "query", "context": "topics"}
     with server.client() as client:
@@ -204,7 +193,4 @@ def test_a_server_answers_through_its_model_process(cde_dir, cde_model, start_se
         metrics = client.get("/metrics").text
     assert re.search(r"^cde_st_forwards_total [1-9]", metrics, re.M)
     assert server.stop() == 0  # SIGTERM: the server ends its model process
-    deadline = time.monotonic() + 10
-    while _alive(replaced) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(replaced)
+    assert wait_until_ended(replaced)

@@ -14,19 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 from sample_texts import TOPIC_DOCS
+from serving_helpers import process_running
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads a process's children from /proc")
 
 
 def _children(pid: int) -> set[int]:
     return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
-
-
-def _running(pid: int) -> bool:
-    try:
-        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
-    except FileNotFoundError:
-        return False
 
 
 def _served_fingerprint(url: str, context: str) -> str | None:
@@ -124,7 +118,7 @@ def test_a_worker_whose_parent_is_killed_with_sigkill_drains_and_exits(tmp_path)
         parent.kill()
         parent.wait()
     deadline = time.monotonic() + 30
-    while _running(child):
+    while process_running(child):
         assert time.monotonic() < deadline, "the worker still runs 30 s after its parent was killed"
         time.sleep(0.05)
     assert marker.read_text() == "drained"
