@@ -141,6 +141,7 @@ class BackboneAdapter:
         gates: torch.Tensor | None,
         read_layers: list[int] | None = None,
         prefix_mask: torch.Tensor | None = None,
+        sink: bool = False,
     ) -> torch.Tensor:
         """Encode (B, L, d) text against a (P, d) prefix with cde_st's own attention variants -> (B, L, d).
 
@@ -151,6 +152,7 @@ class BackboneAdapter:
         Sliding-window layers apply their window among text tokens; the prefix stays visible to every row.
         ``read_layers``: the layers whose text rows read the prefix (None: all); the others attend to the text only.
         ``prefix_mask`` (B, P) bool or None: which prefix rows each text may read (None: all).
+        ``sink``: the gated read's softmax gets a key of score 0 and value 0 (``ContextualConfig.context_sink``).
         """
         batch, length, text_mask = text.shape[0], text.shape[1], text_mask.bool()
         prefix = None if cached is not None else context.unsqueeze(0).expand(batch, -1, -1)
@@ -182,7 +184,11 @@ class BackboneAdapter:
                 if cached is not None:
                     k_pre, v_pre = cached[i]  # (1, H, P, hd), shared by the batch
                 gate = None if gates is None else gates[i]
-                attended = _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, p, prefix_valid)
+                if sink and gate is not None:
+                    k_pre, v_pre, prefix_keys = _with_sink(k_pre, v_pre, prefix_valid)
+                else:
+                    prefix_keys = prefix_valid
+                attended = _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, p, prefix_keys)
             hidden = self._finish(layer, attended, hidden)
         return self._final(model, hidden)
 
@@ -195,6 +201,17 @@ def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
 def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, H, S, hd) -> (B, S, H * hd)."""
     return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1)
+
+
+def _with_sink(k_pre, v_pre, prefix_keys):
+    """Prefix keys/values (B or 1, H, P, hd) with one more row of zeros: its score q.0 is 0 whatever the query and
+    its value adds nothing, so the read's weights on the real rows sum to less than one when few of them match.
+    ``prefix_keys`` (B, 1, 1, P) or None gets the sink as always visible."""
+    zeros = k_pre.new_zeros(*k_pre.shape[:2], 1, k_pre.shape[3])
+    k_sink, v_sink = torch.cat([k_pre, zeros], dim=2), torch.cat([v_pre, zeros.to(v_pre.dtype)], dim=2)
+    if prefix_keys is not None:
+        prefix_keys = torch.cat([prefix_keys, prefix_keys.new_ones(*prefix_keys.shape[:3], 1)], dim=-1)
+    return k_sink, v_sink, prefix_keys
 
 
 def _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, dropout_p, prefix_keys=None):

@@ -128,7 +128,7 @@ def encode_with_context(
             reuse = reusable and not torch.is_grad_enabled()
             cached = cache.states(prefix, adapter, backbone, config.context_layers, reuse)
         return adapter.encode_split(
-            backbone, prefix, text, attention_mask, cached, gates, config.context_layers, visible
+            backbone, prefix, text, attention_mask, cached, gates, config.context_layers, visible, config.context_sink
         )
     # joint attention; also the split modes with no prefix row (J = 0), which then read no context
     hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, P + L, d)

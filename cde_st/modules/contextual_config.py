@@ -77,6 +77,10 @@ class ContextualConfig:
         context_gate: text rows read the context through a separate softmax scaled by tanh(g), one zero-initialised
             g per layer and head, added to their text-only attention. An untrained model is then exactly the
             encoder it was built from, whatever the context; training can only add what the context contributes.
+        context_sink: with the gate, the context softmax gets one more key whose score is 0 and whose value is 0
+            (an attention sink), so a text row that matches few context rows reads little and one that matches
+            many reads much. Without it the read's weights always sum to one and say nothing of how many context
+            documents match, which is what a word's weight in the corpus (its rarity) is made of.
         context_layers: the second-stage layers whose text rows read the context (with "cached" or the gate);
             None: every layer. Others attend to the text alone. Fewer reading layers make a text cheaper (each
             read costs attention over J keys) and shrink the cache; the context rows still run through the layers
@@ -114,6 +118,7 @@ class ContextualConfig:
     attn_implementation: str | None = "auto"
     context_attention: str = "joint"
     context_gate: bool = False
+    context_sink: bool = False
     context_layers: list[int] | None = None
 
     # ---- (b) released-checkpoint compatibility (cde_st.released sets these for cde-small-v1/v2)
@@ -172,6 +177,8 @@ class ContextualConfig:
             isinstance(layers, (str, bytes)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
         ):
             raise ValueError(f"context_layers must be a list of layer indices or None, got {layers!r}.")
+        if self.context_sink and not self.context_gate:
+            raise ValueError("context_sink needs context_gate=True: it is a key of the gated read's own softmax.")
         if layers is not None and not self.split_attention:
             raise ValueError(
                 "context_layers needs context_attention='cached' or context_gate=True: in the paper's joint attention "

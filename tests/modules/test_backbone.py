@@ -111,3 +111,25 @@ def test_a_row_that_may_read_no_slot_reads_nothing(encoder):
     torch.testing.assert_close(masked[0], plain[0], rtol=0, atol=1e-5)
     full = adapter.encode_split(model, context, text, mask, states, gates)
     torch.testing.assert_close(masked[1:][mask[1:].bool()], full[1:][mask[1:].bool()], rtol=0, atol=1e-6)
+
+
+@torch.no_grad()
+def test_the_sink_lets_the_read_count_matching_context_rows(encoder):
+    # Without the sink the read is a weighted mean of the context rows, so a context and the same context twice
+    # read the same: how many rows match a token is normalised away. With it, twice the rows read more.
+    adapter, model, ids, mask, context = encoder
+    text = adapter.embed_tokens(model, ids, None)
+    once, twice = context[:2], torch.cat([context[:2], context[:2]])
+    gates = torch.full((len(adapter._layers(model)), HEADS), 0.5)
+
+    def read(prefix, sink):
+        states = adapter.context_states(model, prefix)
+        return adapter.encode_split(model, prefix, text, mask, states, gates, sink=sink)[mask.bool()]
+
+    torch.testing.assert_close(read(twice, False), read(once, False), rtol=0, atol=1e-5)
+    assert (read(twice, True) - read(once, True)).abs().max() > 1e-4  # 20x the tolerance above
+    plain = adapter.forward(model, ids, mask)[mask.bool()]
+    zero = adapter.encode_split(
+        model, once, text, mask, adapter.context_states(model, once), torch.zeros_like(gates), sink=True
+    )
+    torch.testing.assert_close(zero[mask.bool()], plain, rtol=0, atol=1e-5)  # a closed gate: still the encoder

@@ -48,6 +48,7 @@ def test_unknown_field_is_named():
         ({"context_layers": "top", "context_gate": True}, "context_layers must be a list"),
         ({"context_attention": "cached", "embed_joint_sequence": True}, "do not combine"),
         ({"context_gate": True, "prefix_positions": "sequence"}, "do not combine"),
+        ({"context_attention": "cached", "context_sink": True}, "context_sink needs context_gate=True"),
     ],
 )
 def test_rules_are_checked_on_construction(fields, match):
