@@ -60,7 +60,7 @@ def default_vocab_file() -> str:
 
 def generate(args: argparse.Namespace) -> dict:
     spec = DomainSpec(args.vocab_size, args.zipf, args.doc_words, args.query_words, args.noise_words)
-    vocab = read_vocabulary(args.vocab_file or default_vocab_file(), spec.vocab_size, args.seed)
+    vocab = read_vocabulary(args.vocab_file or default_vocab_file(), spec.vocab_size, args.seed, args.min_word_length)
     train = [
         make_domain(vocab, spec, index=i, seed=args.seed, documents=args.train_pairs, queries=args.train_pairs)
         for i in range(args.train_domains)
@@ -79,6 +79,7 @@ def generate(args: argparse.Namespace) -> dict:
         "command": command_line(),
         "spec": spec_dict(spec),
         **{k: v for k, v in vars(args).items() if k != "func"},
+        "vocabulary": vocab,
     }
     write_json(out / "generator.json", generator)
     bm25 = bm25_rows(vocab, train, heldout)
@@ -233,6 +234,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen = sub.add_parser("generate", help="write the training pairs, held-out BEIR folders and BM25 rows")
     gen.add_argument("--out", required=True)
     gen.add_argument("--vocab-file", default=None, help="a WordPiece vocab.txt (default: all-MiniLM-L6-v2's)")
+    gen.add_argument("--min-word-length", type=int, default=3, help="characters of a vocabulary word, at least")
     gen.add_argument("--vocab-size", type=int, default=2000)
     gen.add_argument("--zipf", type=float, default=1.2)
     gen.add_argument("--doc-words", type=int, default=40)

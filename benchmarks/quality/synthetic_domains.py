@@ -28,9 +28,9 @@ import numpy as np
 
 __all__ = ["Domain", "DomainSpec", "make_domain", "read_vocabulary", "write_beir_folder", "write_pairs"]
 
-# A whole word of the WordPiece vocabulary: lower-case letters only, not a continuation piece ("##..."), three letters
-# or more (shorter ones are mostly abbreviations and single letters).
-_WHOLE_WORD = re.compile(r"^[a-z]{3,}$")
+# A whole word of the WordPiece vocabulary: lower-case letters and digits only, so not a continuation piece ("##...")
+# nor a special token.
+_WHOLE_WORD = re.compile(r"^[a-z0-9]+$")
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,13 @@ class Domain:
     targets: list[int]
 
 
-def read_vocabulary(vocab_file: str | Path, size: int, seed: int) -> list[str]:
-    """``size`` whole words of a WordPiece ``vocab.txt``, a seeded sample in vocabulary order."""
-    words = [w for w in Path(vocab_file).read_text(encoding="utf-8").split("\n") if _WHOLE_WORD.match(w)]
+def read_vocabulary(vocab_file: str | Path, size: int, seed: int, min_length: int = 3) -> list[str]:
+    """``size`` whole words of a WordPiece ``vocab.txt`` (``min_length`` characters or more; shorter ones are mostly
+    abbreviations and single letters in a real vocabulary), a seeded sample in vocabulary order."""
+    lines = Path(vocab_file).read_text(encoding="utf-8").split("\n")
+    words = [w for w in lines if _WHOLE_WORD.match(w) and len(w) >= min_length]
     if size > len(words):
-        raise ValueError(f"{vocab_file} has {len(words)} whole words of three letters or more; asked for {size}.")
+        raise ValueError(f"{vocab_file} has {len(words)} whole words of {min_length} characters or more; asked for {size}.")
     chosen = np.random.default_rng([seed, 2**31 - 1]).choice(len(words), size, replace=False)
     return [words[i] for i in sorted(chosen)]
 

@@ -46,6 +46,7 @@ CONTEXT_ATTENTIONS = ("joint", "cached")
 PREFIX_POSITIONS = ("none", "sequence", "sequence_except_context")
 LOCAL_ATTENTION_SCOPES = ("text", "sequence")
 CONTEXT_PADDINGS = ("null", "tile")
+POOLINGS = ("mean", "weighted")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,10 @@ class ContextualConfig:
             (an attention sink), so a text row that matches few context rows reads little and one that matches
             many reads much. Without it the read's weights always sum to one and say nothing of how many context
             documents match, which is what a word's weight in the corpus (its rarity) is made of.
+        pooling: how the text's token states become one embedding: "mean" (the paper, the released models) or
+            "weighted" (a learned weight per token from its state, zero-initialised so it starts as the mean). A
+            corpus tells how common each word is; a mean can only add that to every token, a weight can make a
+            common word count less.
         context_layers: the second-stage layers whose text rows read the context (with "cached" or the gate);
             None: every layer. Others attend to the text alone. Fewer reading layers make a text cheaper (each
             read costs attention over J keys) and shrink the cache; the context rows still run through the layers
@@ -120,6 +125,7 @@ class ContextualConfig:
     context_gate: bool = False
     context_sink: bool = False
     context_layers: list[int] | None = None
+    pooling: str = "mean"
 
     # ---- (b) released-checkpoint compatibility (cde_st.released sets these for cde-small-v1/v2)
     soft_prompt_tokens: int = 0
@@ -162,6 +168,7 @@ class ContextualConfig:
         _check_choice("local_attention_scope", self.local_attention_scope, LOCAL_ATTENTION_SCOPES)
         _check_choice("context_padding", self.context_padding, CONTEXT_PADDINGS)
         _check_choice("context_attention", self.context_attention, CONTEXT_ATTENTIONS)
+        _check_choice("pooling", self.pooling, POOLINGS)
         if self.soft_prompt_tokens < 0:
             raise ValueError(f"soft_prompt_tokens must be >= 0, got {self.soft_prompt_tokens}.")
         check_seq_length("max_seq_length", self.max_seq_length)

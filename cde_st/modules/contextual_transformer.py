@@ -121,7 +121,7 @@ class ContextualTransformer(InputModule):
         self._instruction_token_id = instruction_token_id(tokenizer, config.pool_skip_instruction)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         added = build_added_parameters(self.config, self.first_stage, self.second_stage, self.second_adapter, pad_id)
-        for name, part in added.items():  # context_head, null_vector, soft_prompt, gates, head
+        for name, part in added.items():  # context_head, null_vector, soft_prompt, gates, head, pool
             setattr(self, name, part)
         self.active_context = ActiveContext()  # saved beside the weights (its size varies): context.safetensors
         self.context_cache = ContextKVCache()
@@ -155,6 +155,7 @@ class ContextualTransformer(InputModule):
     context_attention = config_field("context_attention")
     context_gate = config_field("context_gate")
     context_sink = config_field("context_sink")
+    pooling = config_field("pooling")
     context_layers = config_field("context_layers")
     soft_prompt_tokens = config_field("soft_prompt_tokens")
     prefix_positions = config_field("prefix_positions")
@@ -430,7 +431,7 @@ class ContextualTransformer(InputModule):
         )
         features["token_embeddings"] = out
         mask = pool_mask(features, self.include_prompt, self._instruction_token_id)
-        features["sentence_embedding"] = self.head(mean_pool(out, mask))
+        features["sentence_embedding"] = self.head(self.pool(out, mask))
         return features
 
     def _context_of_call(self, given: torch.Tensor | np.ndarray | None) -> tuple[torch.Tensor, bool]:

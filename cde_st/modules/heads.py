@@ -17,6 +17,30 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
 
 
+class MeanPool(nn.Module):
+    """Mean pooling as a module (no parameters): the pooling of ``pooling="mean"``."""
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return mean_pool(hidden, mask)
+
+
+class WeightedPool(nn.Module):
+    """Pooling with a weight per token, ``exp(w . h_t + b)``, normalised over the pooled positions (``pooling=
+    "weighted"``). ``w`` and ``b`` start at zero, so an untrained pool is exactly mean pooling. A token's weight can
+    then follow what its state holds, the context read included: how common its word is in the corpus."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.score = nn.Linear(width, 1)
+        nn.init.zeros_(self.score.weight)
+        nn.init.zeros_(self.score.bias)
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = self.score(hidden).squeeze(-1).float().masked_fill(~mask.bool(), float("-inf"))
+        weights = torch.softmax(scores, dim=1).nan_to_num(0.0).to(hidden.dtype)  # a row with no position: zeros
+        return (hidden * weights.unsqueeze(-1)).sum(1)
+
+
 class Head(nn.Module):
     """Linear -> activation -> Linear, optionally residual. With ``residual`` the last layer starts at zero,
     so an untrained head is the identity and a model built from a pretrained encoder starts as that encoder."""
@@ -56,7 +80,7 @@ def build_added_parameters(
     config: Any, first_stage: PreTrainedModel, second_stage: PreTrainedModel, second_adapter: Any, pad_id: int
 ) -> dict[str, nn.Module | nn.Parameter | None]:
     """The parts cde_st adds to the two encoders, by attribute name: ``context_head``, ``null_vector``,
-    ``soft_prompt``, ``gates``, ``head``. Made in this order, which fixes how a seeded construction draws their initial
+    ``soft_prompt``, ``gates``, ``head``, ``pool``. Made in this order, which fixes how a seeded construction draws their initial
     values (and the order the module registers them in). ``config``: the module's ``ContextualConfig``;
     ``second_adapter``: the second stage's backbone adapter; ``pad_id``: the tokenizer's padding id."""
     config2 = second_stage.config
@@ -91,6 +115,7 @@ def build_added_parameters(
         if config.output_head == "none"
         else Head(d2, d2, "relu", residual=config.output_head == "residual_mlp")
     )
+    added["pool"] = WeightedPool(d2) if config.pooling == "weighted" else MeanPool()
     return added
 
 

@@ -340,3 +340,20 @@ def test_model_forward_refuses_an_unknown_keyword_by_name(make_tiny_cde):
     model, _, features, vectors, _ = _with_other_context(make_tiny_cde)
     with pytest.raises(TypeError, match="contxt_vectors"):
         model(dict(features), contxt_vectors=vectors)
+
+
+def test_a_weighted_pool_and_sink_model_saves_and_loads_the_same(make_tiny_cde, tmp_path):
+    model = make_tiny_cde(
+        context_size=4, context_attention="cached", context_gate=True, context_sink=True, pooling="weighted"
+    )
+    module = model.contextual_module
+    with torch.no_grad():  # trained-looking values, so that a lost weight would show
+        module.pool.score.weight.normal_()
+        module.gates.fill_(0.5)
+    model.set_context(DOCS, seed=0)
+    before = model.encode_query(DOCS[:3], convert_to_tensor=True)
+    path = str(tmp_path / "weighted")
+    model.save(path)
+    loaded = ContextualSentenceTransformer(path)
+    assert loaded.contextual_module.config.pooling == "weighted" and loaded.contextual_module.config.context_sink
+    torch.testing.assert_close(loaded.encode_query(DOCS[:3], convert_to_tensor=True), before, rtol=0, atol=1e-6)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cde_st.modules.heads import Head, SoftPrompt, mean_pool
+from cde_st.modules.heads import Head, SoftPrompt, WeightedPool, mean_pool
 
 
 def test_mean_pool_averages_only_unmasked_positions():
@@ -40,3 +40,17 @@ def test_soft_prompt_has_n_vectors_of_width_d():
     assert out.shape == (3, 6)
     out.sum().backward()  # learned: every projection weight gets a gradient
     assert all(p.grad is not None for p in prompt.parameters())
+
+
+def test_weighted_pool_starts_as_the_mean_and_then_weighs_tokens():
+    hidden = torch.randn(2, 5, 8)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    pool = WeightedPool(8)
+    torch.testing.assert_close(pool(hidden, mask), mean_pool(hidden, mask))  # zero-initialised: the mean
+    with torch.no_grad():
+        pool.score.weight[0, 0] = 50.0  # the token with the largest first feature takes (almost) all the weight
+    top = hidden[0, :3, 0].argmax()
+    torch.testing.assert_close(pool(hidden, mask)[0], hidden[0, top], rtol=0, atol=1e-3)
+    hidden[0, 3:] = 1e4  # padding never counts, whatever it holds
+    torch.testing.assert_close(pool(hidden, mask)[0], hidden[0, top], rtol=0, atol=1e-3)
+    assert torch.equal(pool(hidden, torch.zeros_like(mask)), torch.zeros(2, 8))  # no position: a zero vector
