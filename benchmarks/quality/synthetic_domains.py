@@ -66,7 +66,9 @@ def read_vocabulary(vocab_file: str | Path, size: int, seed: int, min_length: in
     lines = Path(vocab_file).read_text(encoding="utf-8").split("\n")
     words = [w for w in lines if _WHOLE_WORD.match(w) and len(w) >= min_length]
     if size > len(words):
-        raise ValueError(f"{vocab_file} has {len(words)} whole words of {min_length} characters or more; asked for {size}.")
+        raise ValueError(
+            f"{vocab_file} has {len(words)} whole words of {min_length} characters or more; asked for {size}."
+        )
     chosen = np.random.default_rng([seed, 2**31 - 1]).choice(len(words), size, replace=False)
     return [words[i] for i in sorted(chosen)]
 
