@@ -82,6 +82,8 @@ class ContextualConfig:
             (an attention sink), so a text row that matches few context rows reads little and one that matches
             many reads much. Without it the read's weights always sum to one and say nothing of how many context
             documents match, which is what a word's weight in the corpus (its rarity) is made of.
+        context_centering: the second stage reads the context vectors less their mean (each scaled back to the
+            rows' mean norm): what sets each document apart from the rest of the corpus, not what all share.
         pooling: how the text's token states become one embedding: "mean" (the paper, the released models) or
             "weighted" (a learned weight per token from its state, zero-initialised so it starts as the mean). A
             corpus tells how common each word is; a mean can only add that to every token, a weight can make a
@@ -124,6 +126,7 @@ class ContextualConfig:
     context_attention: str = "joint"
     context_gate: bool = False
     context_sink: bool = False
+    context_centering: bool = False
     context_layers: list[int] | None = None
     pooling: str = "mean"
 

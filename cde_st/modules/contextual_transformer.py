@@ -154,7 +154,7 @@ class ContextualTransformer(InputModule):
     output_head = config_field("output_head")
     context_attention = config_field("context_attention")
     context_gate = config_field("context_gate")
-    context_sink = config_field("context_sink")
+    context_sink, context_centering = config_field("context_sink"), config_field("context_centering")
     pooling = config_field("pooling")
     context_layers = config_field("context_layers")
     soft_prompt_tokens = config_field("soft_prompt_tokens")

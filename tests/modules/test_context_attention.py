@@ -304,3 +304,24 @@ def test_cache_follows_autocast(make_tiny_cde, gate):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         again_bf16 = model.encode_document(DOCS[:5])
     np.testing.assert_allclose(again_bf16, first_bf16, atol=1e-6)
+
+
+def test_centred_context_rows_keep_what_sets_each_row_apart():
+    from cde_st.modules.context_attention import centred_rows
+    from cde_st.modules.contextual_config import ContextualConfig
+
+    generator = torch.Generator().manual_seed(0)
+    shared = 5 * torch.randn(1, 16, generator=generator)  # what every row of one corpus shares
+    rows = shared + torch.randn(6, 16, generator=generator)
+    out = centred_rows(rows)
+    torch.testing.assert_close(out.norm(dim=-1), rows.norm(dim=-1).mean().expand(6))  # the rows' scale kept
+    assert torch.nn.functional.cosine_similarity(rows[:1], rows[1:]).min() > 0.8  # near-identical as given
+    assert torch.nn.functional.cosine_similarity(out[:1], out[1:]).max() < 0.5  # told apart once centred
+    moved = centred_rows(rows + 3 * torch.randn(1, 16, generator=generator))  # another shared part: same rows
+    torch.testing.assert_close(torch.nn.functional.cosine_similarity(moved, out), torch.ones(6))
+    config = ContextualConfig(context_size=8, context_attention="cached", context_gate=True, context_centering=True)
+    null = torch.zeros(16)
+    torch.testing.assert_close(context_slots(rows, null, config, training=False)[:6], out)
+    torch.testing.assert_close(context_slots(rows[:1], null, config, training=False)[0], rows[0])  # one row: as is
+    plain = ContextualConfig(context_size=8, context_attention="cached", context_gate=True)
+    torch.testing.assert_close(context_slots(rows, null, plain, training=False)[:6], rows)
