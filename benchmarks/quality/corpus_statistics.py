@@ -113,20 +113,24 @@ def bm25_rows(vocab: list[str], train: list, heldout: list) -> dict:
 
 def bag_of_words_rows(vocab: list[str], heldout: list, j: int = 64) -> dict:
     """Cosine over word-count vectors, the shape of what a mean-pooled encoder can do at best: raw counts (a mean
-    counts a repeated word again), counts centred on the mean of J documents (the linear corpus correction the kit
-    has), and counts with each word weighted by 1 / (1 + J * its mean count in J documents) (a per-word weight that
-    J documents of the corpus give)."""
+    counts a repeated word again), presence (each word once), counts centred on the mean of J documents (the linear
+    corpus correction the kit has), counts with each word weighted by 1 / (1 + J * its mean count in J documents) (a
+    per-word weight that J documents of the corpus give) and TF-IDF with the whole domain's IDF."""
     index = {w: i for i, w in enumerate(vocab)}
-    rows: dict[str, dict] = {key: {"domains": {}} for key in ("counts", "counts_centred", "counts_context_weighted")}
+    keys = ("counts", "presence", "counts_centred", "counts_context_weighted", "tfidf_domain")
+    rows: dict[str, dict] = {key: {"domains": {}} for key in keys}
     for domain in heldout:
         docs = term_counts(domain.documents, index)
         queries = term_counts(domain.queries, index)
         mean = docs[np.random.default_rng(0).choice(len(docs), j, replace=False)].mean(axis=0)
         weight = 1.0 / (1.0 + j * mean)
+        domain_idf = idf(document_frequency(docs), len(docs))
         for key, (q, d) in {
             "counts": (queries, docs),
+            "presence": (queries, (docs > 0).astype(float)),
             "counts_centred": (queries - mean, docs - mean),
             "counts_context_weighted": (queries * weight, docs * weight),
+            "tfidf_domain": (queries * domain_idf, docs * domain_idf),
         }.items():
             rows[key]["domains"][domain.name] = cosine_ndcg(q, d, domain.targets)
     for row in rows.values():
