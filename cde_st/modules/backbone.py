@@ -184,11 +184,7 @@ class BackboneAdapter:
                 if cached is not None:
                     k_pre, v_pre = cached[i]  # (1, H, P, hd), shared by the batch
                 gate = None if gates is None else gates[i]
-                if sink and gate is not None:
-                    k_pre, v_pre, prefix_keys = _with_sink(k_pre, v_pre, prefix_valid)
-                else:
-                    prefix_keys = prefix_valid
-                attended = _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, p, prefix_keys)
+                attended = _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, p, prefix_valid, sink)
             hidden = self._finish(layer, attended, hidden)
         return self._final(model, hidden)
 
@@ -214,13 +210,14 @@ def _with_sink(k_pre, v_pre, prefix_keys):
     return k_sink, v_sink, prefix_keys
 
 
-def _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, dropout_p, prefix_keys=None):
+def _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, dropout_p, prefix_keys=None, sink=False):
     """Attention of text queries over [prefix ; text] keys. (B, H, L, hd) each; prefix (B, H, P, hd); ``text_keys``
     (B, 1, 1 or L, L) says which text keys each query may see (padding, sliding window); ``prefix_keys``
     (B, 1, 1, P) or None (all) which prefix keys.
 
     Without a gate: one softmax over prefix and text keys. With a gate (H,): a text-only softmax plus tanh(gate)
-    times a prefix-only softmax (zero-init attention adapters); a row that may read no prefix key reads nothing."""
+    times a prefix-only softmax (zero-init attention adapters); a row that may read no prefix key reads nothing.
+    ``sink``: that prefix softmax gets one more key of score 0 and value 0 (:func:`_with_sink`)."""
     if gate is None:
         if k_pre.shape[0] != q.shape[0]:
             k_pre, v_pre = (t.expand(q.shape[0], -1, -1, -1) for t in (k_pre, v_pre))
@@ -232,6 +229,8 @@ def _text_attention(q, k, v, k_pre, v_pre, text_keys, gate, dropout_p, prefix_ke
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=text_keys, dropout_p=dropout_p)
     if k_pre.shape[2] == 0:
         return out
+    if sink:
+        k_pre, v_pre, prefix_keys = _with_sink(k_pre, v_pre, prefix_keys)
     if prefix_keys is not None:
         # Per-row visibility: a row with no visible key gets an all-visible mask (no NaN, in either pass) and a
         # zero read.

@@ -80,8 +80,8 @@ def build_added_parameters(
     config: Any, first_stage: PreTrainedModel, second_stage: PreTrainedModel, second_adapter: Any, pad_id: int
 ) -> dict[str, nn.Module | nn.Parameter | None]:
     """The parts cde_st adds to the two encoders, by attribute name: ``context_head``, ``null_vector``,
-    ``soft_prompt``, ``gates``, ``head``, ``pool``. Made in this order, which fixes how a seeded construction draws their initial
-    values (and the order the module registers them in). ``config``: the module's ``ContextualConfig``;
+    ``soft_prompt``, ``gates``, ``head``, ``pool``. Made in this order, which fixes how a seeded construction draws
+    their initial values (and the order the module registers them in). ``config``: the module's ``ContextualConfig``;
     ``second_adapter``: the second stage's backbone adapter; ``pad_id``: the tokenizer's padding id."""
     config2 = second_stage.config
     d1, d2 = first_stage.config.hidden_size, config2.hidden_size
