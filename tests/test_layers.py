@@ -17,11 +17,11 @@ LAYERS = [
     {"coercion", "context", "prompts", "data", "defaults", "folders", "distributed", "text_bounds"},
     {"modules"},
     {"released"},
-    {"model", "model_card", "hard_negatives"},
-    {"batching", "losses", "fast_encode"},
+    {"model", "model_card", "hard_negatives", "command_line"},
+    {"batching", "losses", "fast_encode", "export"},
     {"evaluation", "serving", "corpus"},
     {"training"},
-    {"cli"},
+    {"cli", "convert_command"},
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 

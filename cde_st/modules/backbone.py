@@ -146,7 +146,8 @@ class BackboneAdapter:
         """Encode (B, L, d) text against a (P, d) prefix with cde_st's own attention variants -> (B, L, d).
 
         ``cached``: the prefix's per-layer keys/values from :meth:`context_states` (context rows attend only to
-        context rows); None: joint attention (prefix rows also attend to the text, recomputed per batch).
+        context rows; ``context`` may then be None); None: joint attention (prefix rows also attend to the text,
+        recomputed per batch).
         ``gates`` (layers, heads) or None: text rows read the prefix through a separate softmax scaled by
         tanh(gate), added to their text-only attention; zero gates give exactly the plain encoder on the text.
         Sliding-window layers apply their window among text tokens; the prefix stays visible to every row.
@@ -159,7 +160,7 @@ class BackboneAdapter:
         keys_valid = text_mask[:, None, None, :]  # (B, 1, 1, L)
         if prefix_mask is None:
             prefix_valid = None
-            joint_prefix = text_mask.new_ones(batch, 1, 1, context.shape[0])
+            joint_prefix = None if cached is not None else text_mask.new_ones(batch, 1, 1, context.shape[0])
         else:
             prefix_valid = joint_prefix = prefix_mask.bool()[:, None, None, :]  # (B, 1, 1, P)
         offsets = torch.arange(length, device=text.device)

@@ -25,6 +25,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -95,6 +97,77 @@ def position_ids(config: ContextualConfig, num_ctx: int, num_prefix: int, text_l
     return positions
 
 
+def embed_text(
+    features: dict[str, torch.Tensor], *, adapter: BackboneAdapter, backbone: nn.Module, config: ContextualConfig
+) -> torch.Tensor:
+    """(B, L) ids of ``features`` -> (B, L, d) second-stage inputs of the text rows."""
+    if config.embed_joint_sequence:
+        return adapter.embed_tokens_unnormalised(backbone, features["input_ids"])
+    return adapter.embed_tokens(backbone, features["input_ids"], features.get("token_type_ids"))
+
+
+def context_prefix(
+    vectors: torch.Tensor,
+    null_vector: torch.Tensor,
+    soft_prompt: nn.Module | None,
+    config: ContextualConfig,
+    training: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """(J', d) context vectors -> the (P, d) prefix ``[context slots ; soft prompt]`` in ``dtype`` (J context rows
+    first: :func:`context_slots`)."""
+    prefix = context_slots(vectors.to(dtype), null_vector.to(dtype), config, training)  # (J, d)
+    if soft_prompt is not None:
+        prefix = torch.cat([prefix, soft_prompt().to(dtype)])  # (J + n_prompt, d)
+    return prefix
+
+
+def read_prefix(
+    text: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prefix: torch.Tensor | None,
+    cached: list[tuple[torch.Tensor, torch.Tensor] | None] | None,
+    visible: torch.Tensor | None,
+    *,
+    adapter: BackboneAdapter,
+    backbone: nn.Module,
+    config: ContextualConfig,
+    gates: torch.Tensor | None,
+) -> torch.Tensor:
+    """The second stage's layers: (B, L, d) ``text`` rows read the (P, d) ``prefix`` -> (B, L, d) text states.
+
+    ``cached``: the prefix's per-layer keys/values (cached mode; ``prefix`` may then be None), else None.
+    ``visible`` (B, P) bool or None: which prefix rows each text row may read (:func:`prefix_mask`)."""
+    num_prefix = prefix.shape[0] if prefix is not None else next(s[0].shape[2] for s in cached if s is not None)
+    if config.split_attention and num_prefix > 0:
+        return adapter.encode_split(
+            backbone, prefix, text, attention_mask, cached, gates, config.context_layers, visible, config.context_sink
+        )
+    # joint attention; also the split modes with no prefix row (J = 0), which then read no context
+    batch = text.shape[0]
+    hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, P + L, d)
+    if config.embed_joint_sequence:
+        hidden = adapter.embed_sequence(backbone, hidden)
+    if visible is None:
+        visible = attention_mask.new_ones(batch, num_prefix)
+    joint_mask = torch.cat([visible.to(attention_mask.dtype), attention_mask], dim=1)
+    positions = position_ids(config, config.context_size, num_prefix, text.shape[1], text.device)
+    out = adapter.encode(backbone, hidden, joint_mask, positions, num_prefix, config.local_attention_scope)
+    return out[:, num_prefix:]
+
+
+def reads_cached_states(config: ContextualConfig) -> bool:
+    """Whether the text reads the prefix through per-layer keys/values computed once per context (cached mode with
+    at least one prefix row)."""
+    return config.context_attention == "cached" and config.context_size + config.soft_prompt_tokens > 0
+
+
+def stacked_states(cached: list[tuple[torch.Tensor, torch.Tensor] | None]) -> torch.Tensor:
+    """Per-layer keys/values ``[(k, v) or None]`` with k, v (1, H, P, hd) -> (R, 2, H, P, hd) over the R layers
+    that read the prefix: the exported second stage's context input in cached mode."""
+    return torch.stack([torch.stack([kv[0][0], kv[1][0]]) for kv in cached if kv is not None])
+
+
 def encode_with_context(
     features: dict[str, torch.Tensor],
     vectors: torch.Tensor,
@@ -110,49 +183,46 @@ def encode_with_context(
     training: bool,
     reusable: bool,
     verify_cache: bool = False,
+    runtime: Any = None,
 ) -> torch.Tensor:
     """The second stage: (B, L) ids of ``features`` read (J', d) context ``vectors`` -> (B, L, d) text states.
 
     ``context_mask`` (B, J') or None: which vectors each row may read. ``reusable``: the vectors are the active
     context and nothing needs their gradient (``cache`` may keep and reuse the prefix's keys/values).
     ``verify_cache``: first drop the cached keys/values if the second stage changed since they were computed (the
-    module asks once per encode call, with its weights check)."""
+    module asks once per encode call, with its weights check). ``runtime``: an exported graph that runs the layers
+    in place of torch (:class:`~cde_st.modules.onnx_runtime.OnnxRuntime`); the prefix and its keys/values are
+    still made here, once per context."""
     if verify_cache:
         cache.drop_if_stale(backbone)
-    input_ids, attention_mask = features["input_ids"], features["attention_mask"]
-    if config.embed_joint_sequence:
-        text = adapter.embed_tokens_unnormalised(backbone, input_ids)
-    else:
-        text = adapter.embed_tokens(backbone, input_ids, features.get("token_type_ids"))
-    prefix = context_slots(vectors.to(text.dtype), null_vector.to(text.dtype), config, training)  # (J, d)
-    num_ctx = prefix.shape[0]
-    if soft_prompt is not None:
-        prefix = torch.cat([prefix, soft_prompt().to(text.dtype)])  # (J + n_prompt, d)
+    if runtime is not None:
+        if context_mask is not None:
+            raise ValueError("context_mask is not supported by an exported (ONNX) model: load it with backend='torch'.")
+        prefix = context_prefix(vectors, null_vector, soft_prompt, config, False, torch.float32)
+        reuse = reusable and not torch.is_grad_enabled()
+        cached = cache.states(prefix, adapter, backbone, config.context_layers, reuse) if runtime.reads_states else None
+        return runtime.second_stage(features, prefix, cached)
+    text = embed_text(features, adapter=adapter, backbone=backbone, config=config)
+    prefix = context_prefix(vectors, null_vector, soft_prompt, config, training, text.dtype)
     visible = None
     if context_mask is not None:
-        visible = prefix_mask(
-            context_mask, len(vectors), input_ids.shape[0], prefix.shape[0], config, null_vector.device
-        )
-    batch, num_prefix = text.shape[0], prefix.shape[0]
-    if config.split_attention and num_prefix > 0:
-        cached = None
-        if config.context_attention == "cached":
-            # Reused only without autograd: a differentiable forward needs the graph through the prefix rows.
-            reuse = reusable and not torch.is_grad_enabled()
-            cached = cache.states(prefix, adapter, backbone, config.context_layers, reuse)
-        return adapter.encode_split(
-            backbone, prefix, text, attention_mask, cached, gates, config.context_layers, visible, config.context_sink
-        )
-    # joint attention; also the split modes with no prefix row (J = 0), which then read no context
-    hidden = torch.cat([prefix.unsqueeze(0).expand(batch, -1, -1), text], dim=1)  # (B, P + L, d)
-    if config.embed_joint_sequence:
-        hidden = adapter.embed_sequence(backbone, hidden)
-    if visible is None:
-        visible = attention_mask.new_ones(batch, num_prefix)
-    joint_mask = torch.cat([visible.to(attention_mask.dtype), attention_mask], dim=1)
-    positions = position_ids(config, num_ctx, num_prefix, text.shape[1], text.device)
-    out = adapter.encode(backbone, hidden, joint_mask, positions, num_prefix, config.local_attention_scope)
-    return out[:, num_prefix:]
+        visible = prefix_mask(context_mask, len(vectors), text.shape[0], prefix.shape[0], config, null_vector.device)
+    cached = None
+    if reads_cached_states(config):
+        # Reused only without autograd: a differentiable forward needs the graph through the prefix rows.
+        reuse = reusable and not torch.is_grad_enabled()
+        cached = cache.states(prefix, adapter, backbone, config.context_layers, reuse)
+    return read_prefix(
+        text,
+        features["attention_mask"],
+        prefix,
+        cached,
+        visible,
+        adapter=adapter,
+        backbone=backbone,
+        config=config,
+        gates=gates,
+    )
 
 
 def autocast_state(device: torch.device) -> tuple[bool, torch.dtype]:

@@ -50,17 +50,10 @@ from cde_st.modules.freshness import WeightsCheck, embedding_fingerprint, first_
 from cde_st.modules.heads import build_added_parameters, instruction_token_id, mean_pool, pool_mask
 from cde_st.modules.model_prompts import ModelPrompts, prompt_property
 from cde_st.modules.persistence import config_dict, load_module, save_module, warn_if_plain_model
-from cde_st.modules.source_pipeline import (
-    STARTS_AS_SOURCE,
-    STARTS_AS_SOURCE_READING_LAYERS,
-    SourcePipeline,
-    load_source_encoders,
-    starts_as_source_layers,
-)
+from cde_st.modules.source_pipeline import SourcePipeline, load_source_encoders
 from cde_st.text_bounds import bound_texts
 
-# STARTS_AS_SOURCE and starts_as_source_layers live with the source encoder (importable from here as before).
-__all__ = ["STARTS_AS_SOURCE", "STARTS_AS_SOURCE_READING_LAYERS", "ContextualTransformer", "starts_as_source_layers"]
+__all__ = ["ContextualTransformer"]
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +120,7 @@ class ContextualTransformer(InputModule):
         self.context_cache = ContextKVCache()
         self._register_load_state_dict_pre_hook(self.context_cache.drop)  # new weights: the cache is stale
         self.weights_check = WeightsCheck()  # when a forward compares the weights with the context's
+        self.runtime = None  # an OnnxRuntime (backend="onnx"): exported graphs run the two stages instead of torch
 
     @classmethod
     def from_encoder(cls, name_or_path: str, source: SourcePipeline | None = None, **fields) -> ContextualTransformer:
@@ -145,24 +139,19 @@ class ContextualTransformer(InputModule):
         return f"ContextualTransformer(backbones={backbones}, {self.config.to_dict()})"
 
     # ------------------------------------------------------------------ the config's fields
-    context_size = config_field("context_size")
-    sequence_dropout = config_field("sequence_dropout")
-    include_prompt = config_field("include_prompt")
-    first_stage_head = config_field("first_stage_head")
+    context_size, sequence_dropout = config_field("context_size"), config_field("sequence_dropout")
+    include_prompt, output_head = config_field("include_prompt"), config_field("output_head")
+    first_stage_head, first_stage_norm = config_field("first_stage_head"), config_field("first_stage_norm")
     first_stage_residual = config_field("first_stage_residual")
-    first_stage_norm = config_field("first_stage_norm")
-    output_head = config_field("output_head")
     context_attention = config_field("context_attention")
     context_gate = config_field("context_gate")
     context_sink, context_centering = config_field("context_sink"), config_field("context_centering")
     pooling = config_field("pooling")
     context_layers = config_field("context_layers")
-    soft_prompt_tokens = config_field("soft_prompt_tokens")
-    prefix_positions = config_field("prefix_positions")
+    soft_prompt_tokens, prefix_positions = config_field("soft_prompt_tokens"), config_field("prefix_positions")
     embed_joint_sequence = config_field("embed_joint_sequence")
     local_attention_scope = config_field("local_attention_scope")
-    pool_skip_instruction = config_field("pool_skip_instruction")
-    context_padding = config_field("context_padding")
+    pool_skip_instruction, context_padding = config_field("pool_skip_instruction"), config_field("context_padding")
 
     max_seq_length = config_field(
         "max_seq_length",
@@ -219,7 +208,9 @@ class ContextualTransformer(InputModule):
 
     # ------------------------------------------------------------------ first stage
     def embed_context_features(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
-        """First stage on tokenised documents: (n, L) ids -> (n, d2) context vectors. Differentiable."""
+        """First stage on tokenised documents: (n, L) ids -> (n, d2) context vectors. Differentiable (in torch)."""
+        if self.runtime is not None:
+            return self.runtime.first_stage(features)
         hidden = self.first_adapter.forward(
             self.first_stage, features["input_ids"], features["attention_mask"], features.get("token_type_ids")
         )
@@ -428,6 +419,7 @@ class ContextualTransformer(InputModule):
             training=self.training,
             reusable=context_vectors is None and not self.training,
             verify_cache=weights_checked,
+            runtime=self.runtime,
         )
         features["token_embeddings"] = out
         mask = pool_mask(features, self.include_prompt, self._instruction_token_id)
@@ -445,6 +437,8 @@ class ContextualTransformer(InputModule):
         # Where due, compare the weights with the context's (the forward then checks the cached keys/values too).
         checked = not self.training and self.weights_check.is_due()
         if checked:
+            if self.runtime is not None:
+                self.runtime.check_weights(self)
             self.refresh_context()
             self.weights_check.done(list(self.parameters()))
         vectors = self.context_vectors
@@ -457,6 +451,8 @@ class ContextualTransformer(InputModule):
         return self.null_vector.new_zeros(0, self.hidden_size), checked
 
     def train(self, mode: bool = True):
+        if mode and self.runtime is not None:
+            raise ValueError("A model loaded with backend='onnx' runs exported graphs and cannot train.")
         if mode:
             self.context_cache.drop()  # weights are about to change
         else:

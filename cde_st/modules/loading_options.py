@@ -11,14 +11,21 @@ from typing import Any
 import torch
 
 
-def check_backend(backend: str) -> None:
-    """Contextual models run on PyTorch only: the context hook (set_context, context_vectors) has no ONNX or
-    OpenVINO export."""
-    if backend != "torch":
+def check_backend(backend: str, released: bool = False) -> None:
+    """A contextual model runs on PyTorch, or (``backend="onnx"``) on the graphs of a folder exported with
+    ``cde-st-convert --to onnx`` (:mod:`cde_st.modules.onnx_runtime`); OpenVINO and released checkpoints (not yet
+    converted and exported) are refused with the way to get there."""
+    if backend == "torch" or (backend == "onnx" and not released):
+        return
+    if backend == "onnx":
         raise ValueError(
-            f"backend={backend!r} is not supported for contextual (cde_st) models: there is no ONNX/OpenVINO export "
-            "of the two-stage model and its context. Load it with backend='torch' (the default)."
+            "backend='onnx' loads a folder exported with `cde-st-convert MODEL OUT --to onnx`; a released checkpoint "
+            "is not one: export it first (cde-st-convert cde-small OUT --to onnx), then load OUT."
         )
+    raise ValueError(
+        f"backend={backend!r} is not supported for contextual (cde_st) models: use backend='torch' (the default) or "
+        "backend='onnx' with a folder exported by `cde-st-convert MODEL OUT --to onnx`."
+    )
 
 
 def resolve_dtype(value: Any, encoder_config: dict) -> torch.dtype | None:

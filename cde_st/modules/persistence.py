@@ -34,6 +34,7 @@ from cde_st.modules.integrity import (
     write_manifest,
 )
 from cde_st.modules.loading_options import check_backend, resolve_dtype, split_model_kwargs
+from cde_st.modules.onnx_runtime import OnnxRuntime, onnx_runtime_options
 
 __all__ = [
     "build_module",
@@ -109,12 +110,17 @@ def load_module(
     Of sentence-transformers' loading options (the arguments its loader passes to a module's ``load``), the file
     lookup ones apply; ``model_kwargs`` ``dtype`` (or ``torch_dtype``; "auto": the saved dtype) and
     ``attn_implementation`` apply to both encoders; other ``model_kwargs``, ``config_kwargs`` and
-    ``processor_kwargs`` are ignored with a warning; a ``backend`` other than "torch" is an error.
+    ``processor_kwargs`` are ignored with a warning. ``backend="onnx"``: the folder's exported graphs run the
+    two stages (:class:`~cde_st.modules.onnx_runtime.OnnxRuntime`; ``model_kwargs`` ``file_name``, ``provider``,
+    ``session_options`` go to it).
 
     The folder must be whole (:mod:`cde_st.modules.integrity`): a tokenizer that fits the embedding tables, weights
     named and shaped as ``cde_config.json`` says and saved with the same encoder configs, no NaN/inf, files of one
     save. Anything else is a ValueError (or FileNotFoundError) naming the folder, the file and the field."""
     check_backend(backend)
+    runtime_options = {}
+    if backend == "onnx":
+        runtime_options, model_kwargs = onnx_runtime_options(model_kwargs)
     dtype, attn_implementation = split_model_kwargs(model_kwargs, "ContextualTransformer.load", stacklevel=4, **kwargs)
     hub = dict(
         subfolder=subfolder,
@@ -152,6 +158,10 @@ def load_module(
     if context_path is not None and context_info is not None:
         used.append(CONTEXT_FILE)
     check_manifest(find, used)
+    if backend == "onnx":
+        if dtype is not None:
+            raise ValueError("model_kwargs dtype does not apply to backend='onnx': the exported graphs are float32.")
+        module.runtime = OnnxRuntime.open(tokenizer_dir, module, **runtime_options)
     return module
 
 

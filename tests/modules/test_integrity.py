@@ -423,7 +423,7 @@ def test_a_whole_save_loads_and_a_save_without_a_record_loads_as_before(two_save
 def test_converted_released_folder_is_checked_as_a_whole(released_v2, tmp_path):
     """cde-st-convert writes a native folder: it carries the record of its save, so a tokenizer edited there at the
     same size is named too."""
-    from cde_st.cli import convert_run
+    from cde_st.convert_command import convert_run
 
     converted = tmp_path / "converted"
     assert convert_run([str(released_v2), str(converted)]) == 0

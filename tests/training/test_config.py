@@ -133,7 +133,7 @@ def test_zero_none_and_out_of_range_fields_are_errors_that_name_the_field(values
 
 
 def test_the_mini_preset_writes_out_the_recipe_a_new_model_starts_with():
-    from cde_st.modules.contextual_transformer import STARTS_AS_SOURCE, starts_as_source_layers
+    from cde_st.modules.source_pipeline import STARTS_AS_SOURCE, starts_as_source_layers
 
     minilm_layers = 6  # the mini preset's base model, all-MiniLM-L6-v2
     expected = {**STARTS_AS_SOURCE, "context_layers": starts_as_source_layers(minilm_layers)}
