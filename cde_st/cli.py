@@ -246,6 +246,13 @@ def _eval_parser() -> argparse.ArgumentParser:
         "(decided from the texts; ids that merely coincide are kept); the rule used and why are printed",
     )
     parser.add_argument("--device", help="torch device (default: sentence-transformers' choice)")
+    parser.add_argument(
+        "--backend",
+        choices=["torch", "onnx"],
+        default="torch",
+        help="onnx: a folder written by `cde-st-convert MODEL OUT --to onnx`, run on ONNX Runtime",
+    )
+    parser.add_argument("--onnx-file", help="with --backend onnx: the graph to run, e.g. second_stage_qint8.onnx")
     parser.add_argument("--max-seq-length", type=int, help="token limit of the inputs (default: the model's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
@@ -291,6 +298,8 @@ def eval_run(argv: list[str] | None = None) -> int:
             overwrite=not args.no_overwrite,
             show_progress_bar=not args.quiet,
             device=args.device,
+            backend=args.backend,
+            onnx_file=args.onnx_file,
             max_seq_length=args.max_seq_length,
             identical_ids=args.identical_ids,
         )

@@ -59,13 +59,28 @@ def _embed_parser() -> argparse.ArgumentParser:
         "--index", choices=("auto", "flat", "ivf", "ivfpq", "none"), default="auto", help="the faiss index to build"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_backend_options(parser)
     return parser
 
 
-def _load(model_name: str, max_seq_length: int | None):
+def _add_backend_options(parser: argparse.ArgumentParser, default: str | None = "torch") -> None:
+    parser.add_argument(
+        "--backend",
+        choices=("torch", "onnx"),
+        default=default,
+        help="onnx: a folder written by `cde-st-convert MODEL OUT --to onnx`, run on ONNX Runtime"
+        + ("" if default else " (default: as the manifest records)"),
+    )
+    parser.add_argument("--onnx-file", default=None, help="with --backend onnx: e.g. second_stage_qint8.onnx")
+
+
+def _load(model_name: str, max_seq_length: int | None, backend: str = "torch", onnx_file: str | None = None):
     from cde_st.evaluation.models import load_model
 
-    model = load_model(model_name)
+    try:
+        model = load_model(model_name, backend=backend, onnx_file=onnx_file)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        sys.exit(f"error: {exc}")
     if max_seq_length is not None:
         model.max_seq_length = max_seq_length
     return model
@@ -77,7 +92,7 @@ def embed_main(argv: list[str] | None = None) -> None:
     from cde_st.corpus.index import build_index
     from cde_st.corpus.job import embed_corpus
 
-    model = _load(args.model, args.max_seq_length)
+    model = _load(args.model, args.max_seq_length, args.backend, args.onnx_file)
     local = Path(args.model).expanduser()
     options = {
         # cde-st-search loads the model the manifest names: a folder by its absolute path, from any directory.
@@ -123,6 +138,7 @@ def search_main(argv: list[str] | None = None) -> None:
         "--max-seq-length", type=int, default=None, help="default: the one the corpus was embedded with"
     )
     parser.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    _add_backend_options(parser, default=None)
     args = parser.parse_args(argv)
     from cde_st.corpus.index import search_index
     from cde_st.corpus.manifest import read_manifest
@@ -130,7 +146,11 @@ def search_main(argv: list[str] | None = None) -> None:
     manifest = read_manifest(args.folder)
     if manifest is None:
         sys.exit(f"cde-st-search: {args.folder} has no manifest.json (not a cde-st-embed folder).")
-    model = _load(args.model or manifest["model"]["name"], args.max_seq_length or manifest.get("max_seq_length"))
+    recorded = manifest["model"]
+    backend = args.backend or recorded.get("backend", "torch")
+    onnx_file = args.onnx_file or (recorded.get("onnx_file") if args.backend is None else None)
+    max_seq_length = args.max_seq_length or manifest.get("max_seq_length")
+    model = _load(args.model or recorded["name"], max_seq_length, backend, onnx_file)
     results = search_index(args.folder, model, args.queries, k=args.k, nprobe=args.nprobe)
     for query, hits in zip(args.queries, results):
         if args.json:

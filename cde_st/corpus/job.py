@@ -40,6 +40,7 @@ from cde_st.corpus.manifest import FORMAT, check_same_job, read_manifest, write_
 from cde_st.corpus.readers import CorpusReader
 from cde_st.corpus.scan import ScanResult, scan_corpus
 from cde_st.corpus.shards import DTYPES, TEMP_PREFIX, shard_bytes, shard_name, shard_table, write_atomically
+from cde_st.evaluation.models import load_options
 from cde_st.model import context_prompt, is_contextual
 from cde_st.serving.identity import model_identity
 
@@ -55,7 +56,12 @@ def _header(model: Any, model_name: str, reader: CorpusReader, dtype: str, shard
     return {
         "format": FORMAT,
         "version": 1,
-        "model": {"name": model_name, "identity": model_fingerprint(model), "contextual": is_contextual(model)},
+        "model": {
+            "name": model_name,
+            "identity": model_fingerprint(model),
+            "contextual": is_contextual(model),
+            **load_options(model),  # backend and graph: cde-st-search loads the model as it ran here
+        },
         "prompt": document_prompt(model),
         "dimension": int(model.get_embedding_dimension()),
         # Part of the model fingerprint (its config): cde-st-search loads the model with it.

@@ -187,6 +187,8 @@ def evaluate_model(
     device: str | None = None,
     max_seq_length: int | None = None,
     identical_ids: str = "auto",
+    backend: str = "torch",
+    onnx_file: str | None = None,
 ) -> EvaluationReport:
     """Evaluate a (contextual or plain) sentence-transformers model on mteb tasks and local task folders.
 
@@ -195,7 +197,7 @@ def evaluate_model(
 
     Args:
         model: a ``SentenceTransformer`` (e.g. ``ContextualSentenceTransformer``), or a model folder / hub id (loaded
-            on ``device``).
+            on ``device``, with ``backend`` and ``onnx_file``: :func:`~cde_st.evaluation.models.load_model`).
         tasks: mteb task names, local task folders, names of folders under ``data_dir`` (the root of local task
             folders, ``<data_dir>/<type>/<name>``, see :mod:`cde_st.evaluation.local_tasks`), or mteb task objects.
         context_size: J, or several J for a sweep (contextual models only; default: the model's); 0: no context.
@@ -228,7 +230,7 @@ def evaluate_model(
     """
     resolved = _checked_tasks(tasks, context, context_seed, data_dir, eval_splits, identical_ids)
     spec = model if isinstance(model, (str, Path)) else None
-    model = _loaded_model(model, device, max_seq_length)
+    model = _loaded_model(model, max_seq_length, device=device, backend=backend, onnx_file=onnx_file)
     model_name = model_name or default_model_name(model, spec)
     revision = revision or parameter_fingerprint(model)
     wrappers, runs = _plan_runs(
@@ -263,10 +265,10 @@ def _checked_tasks(
     return resolved
 
 
-def _loaded_model(model: Any, device: str | None, max_seq_length: int | None) -> Any:
-    """The model (loaded when given by name), with this run's token limit."""
+def _loaded_model(model: Any, max_seq_length: int | None, **options: Any) -> Any:
+    """The model (loaded when given by name, with ``options``: :func:`load_model`), with this run's token limit."""
     if isinstance(model, (str, Path)):
-        model = load_model(model, device=device)
+        model = load_model(model, **options)
     if max_seq_length is not None:  # e.g. score models trained at different lengths at one length
         model.max_seq_length = max_seq_length
     return model

@@ -196,6 +196,8 @@ def encode_with_context(
     if verify_cache:
         cache.drop_if_stale(backbone)
     if runtime is not None:
+        if training and torch.is_grad_enabled():
+            raise ValueError("A model loaded with backend='onnx' runs exported graphs and cannot train.")
         if context_mask is not None:
             raise ValueError("context_mask is not supported by an exported (ONNX) model: load it with backend='torch'.")
         prefix = context_prefix(vectors, null_vector, soft_prompt, config, False, torch.float32)

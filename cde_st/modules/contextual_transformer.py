@@ -381,7 +381,8 @@ class ContextualTransformer(InputModule):
         caches embeddings of a contextual model keys them by it, so that a cache made with another context (or
         other weights) is never read back (:func:`cde_st.hard_negatives.mine_hard_negatives`)."""
         self.refresh_context()
-        return embedding_fingerprint(self.context_vectors, list(self.parameters()), self.config.to_dict())
+        runtime = {} if self.runtime is None else {"runtime": self.runtime.identity}  # the graphs compute them
+        return embedding_fingerprint(self.context_vectors, list(self.parameters()), self.config.to_dict() | runtime)
 
     # ------------------------------------------------------------------ second stage
     def forward(
@@ -451,8 +452,6 @@ class ContextualTransformer(InputModule):
         return self.null_vector.new_zeros(0, self.hidden_size), checked
 
     def train(self, mode: bool = True):
-        if mode and self.runtime is not None:
-            raise ValueError("A model loaded with backend='onnx' runs exported graphs and cannot train.")
         if mode:
             self.context_cache.drop()  # weights are about to change
         else:

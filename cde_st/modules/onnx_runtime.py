@@ -91,15 +91,44 @@ class OnnxRuntime:
     ``runtime`` is set runs its first stage through :meth:`first_stage` and its second stage's layers through
     :meth:`second_stage`."""
 
-    def __init__(self, sessions: dict[str, Any], record: dict[str, Any], variant: str, identity: str) -> None:
-        self.sessions = sessions
+    def __init__(self, paths: dict[str, str], record: dict[str, Any], variant: str, identity: str, options) -> None:
+        self.paths = paths  # stage -> graph file
         self.record = record
         self.variant = variant
         #: Hash of the graphs in use: what an embedding cache or a stored context must also match.
         self.identity = identity
         self.reads_states = record["context_input"] == "states"
-        self._inputs = {stage: [i.name for i in s.get_inputs()] for stage, s in sessions.items()}
+        self._options = options  # (provider, session options or None)
+        self._open_sessions()
+
+    def _open_sessions(self) -> None:
+        ort = _import_onnxruntime()
+        provider, options = self._options
+        if options is None:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = torch.get_num_threads()
+        providers = [provider or "CPUExecutionProvider"]
+        self.sessions = {
+            stage: ort.InferenceSession(path, options, providers=providers) for stage, path in self.paths.items()
+        }
+        self._inputs = {stage: [i.name for i in s.get_inputs()] for stage, s in self.sessions.items()}
         self._stacked: tuple[list, np.ndarray] | None = None  # the last cached keys/values, stacked
+
+    @property
+    def file_name(self) -> str:
+        """The second stage's graph file (what ``model_kwargs={"file_name": ...}`` chose)."""
+        return os.path.basename(self.paths["second_stage"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Sessions do not pickle (a multi-process pool or a Ray actor gets a copy of the model): each copy opens the
+        # same files again, with its own process's thread setting when no session options were given.
+        state = {k: v for k, v in self.__dict__.items() if k not in ("sessions", "_inputs", "_stacked")}
+        state["_options"] = (self._options[0], None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open_sessions()
 
     @classmethod
     def open(
@@ -115,7 +144,7 @@ class OnnxRuntime:
         ``file_name``: the second stage's graph, ``second_stage.onnx`` (default) or ``second_stage_qint8.onnx``
         (the first stage of the same variant goes with it). ``provider``: an ONNX Runtime execution provider
         (default ``CPUExecutionProvider``). ``session_options``: an ``onnxruntime.SessionOptions``."""
-        ort = _import_onnxruntime()
+        _import_onnxruntime()
         export = Path(folder) / EXPORT_FOLDER
         record_path = export / RECORD_FILE
         if not record_path.is_file():
@@ -135,11 +164,7 @@ class OnnxRuntime:
                 f"The ONNX graphs in {export} were exported from another model (fingerprint {expected}) than the "
                 f"weights and config beside them ({actual}): export this model again with `cde-st-convert`."
             )
-        options = session_options if session_options is not None else ort.SessionOptions()
-        if session_options is None:
-            options.intra_op_num_threads = torch.get_num_threads()
-        providers = [provider or "CPUExecutionProvider"]
-        sessions, digests = {}, []
+        paths, digests = {}, []
         for stage, entry in variants[variant].items():
             path = export / entry["file"]
             if not path.is_file():
@@ -150,10 +175,10 @@ class OnnxRuntime:
                     f"{path} is not the graph {record_path} records (SHA-256 {digest[:16]}..., recorded "
                     f"{entry['sha256'][:16]}...): it was replaced or damaged; export the model again."
                 )
-            sessions[stage] = ort.InferenceSession(os.fspath(path), options, providers=providers)
+            paths[stage] = os.fspath(path)
             digests.append(digest)
         identity = hashlib.sha256("".join(digests).encode()).hexdigest()[:16]
-        return cls(sessions, record, variant, identity)
+        return cls(paths, record, variant, identity, (provider, session_options))
 
     def check_weights(self, module: Any) -> None:
         """Refuse to run once the torch weights differ from those exported (an edit or training after loading):

@@ -162,6 +162,7 @@ def load_module(
         if dtype is not None:
             raise ValueError("model_kwargs dtype does not apply to backend='onnx': the exported graphs are float32.")
         module.runtime = OnnxRuntime.open(tokenizer_dir, module, **runtime_options)
+        module.eval()  # the graphs have no training mode
     return module
 
 

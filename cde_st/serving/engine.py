@@ -95,10 +95,15 @@ def _names_cde_module(name_or_path: str) -> bool:
     return is_released_checkpoint(name)
 
 
-def load_model(name_or_path: str, device: str | None = None) -> SentenceTransformer:
+def load_model(
+    name_or_path: str, device: str | None = None, backend: str = "torch", onnx_file: str | None = None
+) -> SentenceTransformer:
+    options = {"device": device, "backend": backend}
+    if onnx_file is not None:
+        options["model_kwargs"] = {"file_name": onnx_file}
     if _names_cde_module(name_or_path):
-        return ContextualSentenceTransformer(name_or_path, device=device)
-    return SentenceTransformer(name_or_path, device=device)
+        return ContextualSentenceTransformer(name_or_path, **options)
+    return SentenceTransformer(name_or_path, **options)
 
 
 class Engine:
@@ -112,6 +117,8 @@ class Engine:
         *,
         device: str | None = None,
         dtype: str | None = None,
+        backend: str = "torch",
+        onnx_file: str | None = None,
         served_name: str | None = None,
         max_batch_size: int = 32,
         max_batch_tokens: int | None = None,
@@ -120,7 +127,11 @@ class Engine:
         model_process: bool = False,
     ) -> None:
         location = model if isinstance(model, str) else None
-        self.model = load_model(model, device=device) if isinstance(model, str) else model
+        if backend != "torch" and dtype not in (None, "float32"):
+            raise ValueError(f"--dtype {dtype} applies to the torch backend; the ONNX graphs run in float32.")
+        if isinstance(model, str):
+            model = load_model(model, device=device, backend=backend, onnx_file=onnx_file)
+        self.model = model
         self.model.eval()
         self.contextual = is_contextual(self.model)
         # The identity is read before a dtype cast, so a context made in float32 is served in bfloat16 too.

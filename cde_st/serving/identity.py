@@ -29,6 +29,9 @@ def _module_description(model: torch.nn.Module) -> list:
                 config = get_config()
             except Exception:  # a module without a serialisable config is still described by its class
                 config = {}
+        runtime = getattr(module, "runtime", None)  # exported graphs in place of torch (backend="onnx")
+        if runtime is not None:
+            config = {**config, "runtime": runtime.identity}
         described.append([type(module).__module__ + "." + type(module).__name__, config])
     return described
 

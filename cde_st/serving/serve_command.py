@@ -36,6 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default=None, help="torch device (default: sentence-transformers' choice)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument(
+        "--backend",
+        default="torch",
+        choices=["torch", "onnx"],
+        help="onnx: run a folder written by `cde-st-convert MODEL OUT --to onnx` on ONNX Runtime",
+    )
+    p.add_argument(
+        "--onnx-file", default=None, help="with --backend onnx: the graph to run, e.g. second_stage_qint8.onnx"
+    )
     _batching_options(p.add_argument_group("batching"))
     _context_options(p.add_argument_group("contexts and replicas"))
     _request_options(p.add_argument_group("requests and connections"))
@@ -282,16 +291,18 @@ def _engine(args: argparse.Namespace):
             args.model,
             device=args.device,
             dtype=args.dtype,
+            backend=args.backend,
+            onnx_file=args.onnx_file,
             served_name=args.served_model_name,
             max_batch_size=args.max_batch_size,
             max_batch_tokens=args.max_batch_tokens,
             context_cache_bytes=int(max(args.context_cache_mb, 0) * 1024 * 1024),
             model_process=args.model_process,
         )
-    except (ValueError, ModelProcessFailed) as exc:
-        if not args.model_process:
-            raise
+    except ModelProcessFailed as exc:
         sys.exit(f"--model-process: {exc}")
+    except (ValueError, FileNotFoundError, ImportError) as exc:  # a model or an export that does not load
+        sys.exit(f"--model-process: {exc}" if args.model_process else f"error: {exc}")
 
 
 def _raise_open_files_limit(connections: int) -> None:
