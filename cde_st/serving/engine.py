@@ -106,6 +106,24 @@ def load_model(
     return SentenceTransformer(name_or_path, **options)
 
 
+def _served_model(
+    model: str | SentenceTransformer, device: str | None, dtype: str | None, backend: str, onnx_file: str | None
+) -> tuple[SentenceTransformer, str]:
+    """The model to serve (loaded if given by location), in eval mode and cast to ``dtype``, and its identity."""
+    if backend != "torch" and dtype not in (None, "float32"):
+        raise ValueError(f"--dtype {dtype} applies to the torch backend; the ONNX graphs run in float32.")
+    if isinstance(model, str):
+        model = load_model(model, device=device, backend=backend, onnx_file=onnx_file)
+    model.eval()
+    # The identity is read before a dtype cast, so a context made in float32 is served in bfloat16 too.
+    identity = model_identity(model)
+    if dtype is not None and dtype != "float32":
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
+        model.to(DTYPES[dtype])
+    return model, identity
+
+
 class Engine:
     """One model and its worker thread. ``model`` may be given already built (tests, benchmarks) instead of a
     location. ``context_cache_bytes``: the budget for the keys/values of the contexts kept between switches.
@@ -127,19 +145,8 @@ class Engine:
         model_process: bool = False,
     ) -> None:
         location = model if isinstance(model, str) else None
-        if backend != "torch" and dtype not in (None, "float32"):
-            raise ValueError(f"--dtype {dtype} applies to the torch backend; the ONNX graphs run in float32.")
-        if isinstance(model, str):
-            model = load_model(model, device=device, backend=backend, onnx_file=onnx_file)
-        self.model = model
-        self.model.eval()
+        self.model, self.identity = _served_model(model, device, dtype, backend, onnx_file)
         self.contextual = is_contextual(self.model)
-        # The identity is read before a dtype cast, so a context made in float32 is served in bfloat16 too.
-        self.identity = model_identity(self.model)
-        if dtype is not None and dtype != "float32":
-            if dtype not in DTYPES:
-                raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
-            self.model.to(DTYPES[dtype])
         self.served_name = served_name or (_default_name(location) if location else "cde-st-model")
         self.dimension = int(self.model.get_embedding_dimension())
         self.normalizes = any(isinstance(module, Normalize) for module in self.model)

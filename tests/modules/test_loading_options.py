@@ -8,10 +8,13 @@ import torch
 from cde_st.modules.loading_options import check_backend, resolve_dtype, split_model_kwargs
 
 
-def test_only_the_torch_backend_is_accepted():
+def test_torch_and_onnx_are_the_backends():
     check_backend("torch")
-    with pytest.raises(ValueError, match="backend='onnx' is not supported .* backend='torch'"):
-        check_backend("onnx")
+    check_backend("onnx")
+    with pytest.raises(ValueError, match="backend='openvino' is not supported .* backend='torch'"):
+        check_backend("openvino")
+    with pytest.raises(ValueError, match="a released checkpoint is not one: export it first"):
+        check_backend("onnx", released=True)
 
 
 @pytest.mark.parametrize(
