@@ -2,12 +2,14 @@
 bi-encoder on the same server code, against in-process ``encode`` of the same texts.
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/serving/bench_serving.py [--texts queries|documents]
-        [--clients 1 8 32] [--sizes 1 32] [--seconds 15] [--max-texts 1024] [--rounds 3] [--models cde bi]
+        [--clients 1 8 32] [--sizes 1 32] [--seconds 15] [--max-texts 1024] [--rounds 3]
+        [--models cde bi cde-onnx cde-int8]
 
 Builds (once, in ``--work-dir``) the contextual model ``ContextualSentenceTransformer.from_encoder(MiniLM,
 context_size=512)`` (the ``mini`` preset's architecture: cached context read by the top three layers; untrained,
 which costs the same as trained) with the SciFact corpus as its saved context (seed 0), served as "default", and
-a copy of all-MiniLM-L6-v2 with the same prompts (so both read the same tokens). It starts one server per model
+a copy of all-MiniLM-L6-v2 with the same prompts (so both read the same tokens), and the contextual model's ONNX
+export (``cde-onnx``: fp32 graphs, ``cde-int8``: int8, served with ``--backend onnx``). It starts one server per model
 (``python -m cde_st.serving``, ``--max-batch-size 32 --max-wait-ms 5``) and measures, for each model, in-process
 ``model.encode(texts, batch_size=32)`` and, for each number of concurrent clients and texts per request,
 ``input_type="document"`` requests (base64, as the openai client asks) from asyncio httpx clients in this
@@ -79,7 +81,27 @@ def build_models(work: Path, context_size: int) -> dict[str, Path]:
     if not (bi_dir / "modules.json").exists():
         bi = SentenceTransformer(minilm, prompts=prompts, default_prompt_name="document")
         bi.save(str(bi_dir))
-    return {"cde": cde_dir, "bi": bi_dir}
+    onnx_dir = work / f"cde-minilm-J{context_size}-onnx"
+    if not (onnx_dir / "onnx" / "second_stage_qint8.onnx").exists():  # the same model, exported (both graphs)
+        from cde_st.export import export_onnx
+
+        export_onnx(ContextualSentenceTransformer(str(cde_dir)), onnx_dir, quantize="int8")
+    return {"cde": cde_dir, "bi": bi_dir, "cde-onnx": onnx_dir, "cde-int8": onnx_dir}
+
+
+#: The backend options of each kind of model (cde-onnx and cde-int8: the cde model exported, fp32 and int8 graphs).
+BACKENDS = {
+    "cde-onnx": {"backend": "onnx", "onnx_file": None},
+    "cde-int8": {"backend": "onnx", "onnx_file": "second_stage_qint8.onnx"},
+}
+
+
+def server_flags(kind: str) -> list[str]:
+    """The server's flags for ``kind``'s backend."""
+    options = BACKENDS.get(kind)
+    if options is None:
+        return []
+    return ["--backend", "onnx"] + (["--onnx-file", options["onnx_file"]] if options["onnx_file"] else [])
 
 
 class Server:
@@ -165,7 +187,12 @@ def load_in_process(folder: Path, kind: str):
 
     from cde_st import ContextualSentenceTransformer
 
-    model = ContextualSentenceTransformer(str(folder)) if kind == "cde" else SentenceTransformer(str(folder))
+    if kind in BACKENDS:
+        options = BACKENDS[kind]
+        kwargs = {"file_name": options["onnx_file"]} if options["onnx_file"] else None
+        model = ContextualSentenceTransformer(str(folder), backend="onnx", model_kwargs=kwargs)
+    else:
+        model = ContextualSentenceTransformer(str(folder)) if kind == "cde" else SentenceTransformer(str(folder))
     model.encode(["warm-up"] * 4, prompt=model.prompts["document"])
     return model
 
@@ -189,9 +216,9 @@ def server_forwards(engine, texts: list[str], batch_size: int) -> float:
     return time.perf_counter() - t0
 
 
-def server_engine(folder: Path, forward_overhead_tokens: str) -> Engine:
+def server_engine(folder: Path, forward_overhead_tokens: str, kind: str = "cde") -> Engine:
     """The server's engine for ``folder`` in this process, warm, cutting batches as the server does."""
-    engine = Engine(str(folder))
+    engine = Engine(str(folder), **BACKENDS.get(kind, {}))
     engine.embed(["warm-up"] * 4, "document", engine.model_context)
     if forward_overhead_tokens == "auto":  # as the server does once warm
         overhead = engine.measure_forward_overhead(engine.forward_probes(), engine.model_context)
@@ -214,7 +241,7 @@ def take_slice(m: tuple, total: dict, round_: int, texts: list[str], servers, mo
         total["texts"] += n
         return
     body = {"model": "m", "encoding_format": "base64", "input_type": "document", "truncate": True}  # cut as encode cuts
-    if kind == "cde":
+    if kind != "bi":
         body["context"] = "default"
     url = servers[kind].url
     before = batch_totals(url)
@@ -268,7 +295,7 @@ def print_table(totals: dict, args: argparse.Namespace) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--texts", choices=["queries", "documents"], default="queries")
-    p.add_argument("--models", nargs="+", choices=["cde", "bi"], default=["cde", "bi"])
+    p.add_argument("--models", nargs="+", choices=["cde", "bi", *BACKENDS], default=["cde", "bi"])
     p.add_argument("--clients", nargs="+", type=int, default=[1, 8, 32])
     p.add_argument("--sizes", nargs="+", type=int, default=[1, 32], help="texts per request")
     p.add_argument("--seconds", type=float, default=15.0, help="time bound of each measurement (all rounds)")
@@ -322,12 +349,13 @@ def main() -> None:
               for m in measurements}  # fmt: skip
     # Both servers run from the start (an idle one costs nothing), so their measurements can take turns.
     extra = ["--forward-overhead-tokens", args.forward_overhead_tokens] + ["--model-process"] * args.model_process
-    servers = {kind: Server(folders[kind], work / f"server-{kind}.log", args.max_batch_size, args.max_wait_ms, extra)
+    servers = {kind: Server(folders[kind], work / f"server-{kind}.log", args.max_batch_size, args.max_wait_ms,
+                            extra + server_flags(kind))
                for kind in args.models}  # fmt: skip
     engines = {}  # the server's forward, in this process
     try:
         models = {kind: load_in_process(folders[kind], kind) for kind in args.models}
-        engines.update({kind: server_engine(folders[kind], args.forward_overhead_tokens) for kind in args.models})
+        engines.update({kind: server_engine(folders[kind], args.forward_overhead_tokens, kind) for kind in args.models})
         for round_ in range(args.rounds):
             # Every measurement gets one slice per round, in alternating order: the machine's load, which moves
             # (other jobs share its cores), then falls on all of them alike, and the ratios stay meaningful.

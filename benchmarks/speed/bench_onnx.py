@@ -176,12 +176,13 @@ def rates(models: dict, texts: list[str], kind: str, batch_size: int, rounds: in
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    torch.set_num_threads(args.threads)
+    threads = args.threads[0]
+    torch.set_num_threads(threads)
     folders = json.loads(args.folders)
     models = load_models(folders)
     _, docs, queries = scifact_texts(args.docs, args.queries)
     result = {
-        "threads": args.threads,
+        "threads": threads,
         "documents": rates(models, docs, "document", args.batch_size),
         "queries": rates(models, queries, "query", args.batch_size),
     }
