@@ -7,8 +7,9 @@ every context; ``ContextualSentenceTransformer(folder, backend="onnx")`` loads i
 module is a ``Transformer`` gets sentence-transformers' own layout, ``onnx/model.onnx`` (the encoder: token ids ->
 ``last_hidden_state``), which ``SentenceTransformer(folder, backend="onnx")`` loads where optimum is installed.
 
-``quantize="int8"`` adds ONNX Runtime's dynamic int8 quantisation of every graph (``*_qint8.onnx``: weights int8,
-activations quantised per batch), chosen at load with ``model_kwargs={"file_name": "second_stage_qint8.onnx"}``.
+``quantize="int8"`` adds ONNX Runtime's dynamic int8 quantisation of every graph (``*_qint8.onnx``: weights int8
+with one scale per output channel, activations quantised per batch), chosen at load with
+``model_kwargs={"file_name": "second_stage_qint8.onnx"}``.
 Every graph is checked after export: ONNX Runtime on a few texts against torch, the largest difference recorded.
 
 Example:
@@ -201,8 +202,12 @@ def _quantize_int8(onnx: Any, source: Path, target: Path) -> None:
 
     # The exporter's graphs carry value types ONNX Runtime's shape inference may not reach; float is their default.
     options = {"DefaultTensorType": onnx.TensorProto.FLOAT}
+    # One scale per output channel: with one per weight matrix, the mini recipe's document embeddings kept a mean
+    # cosine of 0.949 to torch's on SciFact (per channel: 0.994).
     with _quiet_exporters():
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, extra_options=options)
+        quantize_dynamic(
+            str(source), str(target), weight_type=QuantType.QInt8, per_channel=True, extra_options=options
+        )
 
 
 def _export_plain(model: SentenceTransformer, export: Path, quantize: str | None) -> Path:
