@@ -197,3 +197,23 @@ def test_a_plain_model_gets_sentence_transformers_layout(tiny_bert_dir, tmp_path
     with torch.no_grad():
         expected = model[0].auto_model(**{k: torch.from_numpy(v) for k, v in feed.items()}).last_hidden_state
     assert np.abs(hidden - expected.numpy()).max() < 1e-5
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_the_released_architectures_export(version, tmp_path):
+    """cde-small-v1 (NomicBERT) and v2 (ModernBERT, rotary positions, joint attention over the context): tiny
+    random-weight copies of both, in the released files' format."""
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "cde_reference" / version
+    if not (source / "model.safetensors").is_file():
+        pytest.skip(f"CDE reference fixture not found at {source}")
+    model = ContextualSentenceTransformer(str(source))
+    model.set_context(CORPUS[:10])
+    export_onnx(model, tmp_path / version)
+    exported = ContextualSentenceTransformer(str(tmp_path / version), backend="onnx")
+    for encode in ("encode_query", "encode_document"):
+        expected, got = getattr(model, encode)(QUERIES), getattr(exported, encode)(QUERIES)
+        assert np.abs(expected - got).max() < 1e-5
+    with pytest.raises(ValueError, match="a released checkpoint is not one: export it first"):
+        ContextualSentenceTransformer(str(source), backend="onnx")
