@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from sentence_transformers.sentence_transformer.model_card import SentenceTransformerModelCardData
 
-from cde_st.hard_negatives import warn_if_read_as_cache_key
+from cde_st.cache_key_warning import warn_if_read_as_cache_key
 
 if TYPE_CHECKING:
     from cde_st.context import ContextInfo

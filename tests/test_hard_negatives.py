@@ -26,12 +26,13 @@ def test_cached_embeddings_are_keyed_by_the_context(make_tiny_cde, tmp_path):
     import warnings
 
     import cde_st
+    from cde_st.hard_negatives import ContextCacheKeyWarning
 
     model = make_tiny_cde(context_size=4)
     cache = str(tmp_path / "cache")
     model.set_context(TEXTS[:6], seed=0)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", cde_st.hard_negatives.ContextCacheKeyWarning)  # the keyed route is silent
+        warnings.simplefilter("error", ContextCacheKeyWarning)  # the keyed route is silent
         first = _mine(cde_st.mine_hard_negatives, model, cache_folder=cache)
         model.set_context(TEXTS[6:], seed=1)
         uncached = _mine(cde_st.mine_hard_negatives, model)

@@ -1,5 +1,6 @@
-"""The package's layers point one way: each part of ``cde_st`` imports only parts of its own or a lower layer, and
-no part imports names from the package root (``cde_st/__init__.py`` is the public face, not a dependency).
+"""The package's layers point one way: each part of ``cde_st`` imports only parts of its own or a lower layer, no
+part imports names from the package root (``cde_st/__init__.py`` is the public face, not a dependency), and no
+modules import each other in a circle, within a layer or a part either.
 
 Read from the source with ``ast`` (imports inside functions count too), so the test sees every arrow without
 importing anything.
@@ -14,10 +15,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cde_st"
 
 #: Lowest first. A part is a top-level module or subpackage of cde_st.
 LAYERS = [
-    {"coercion", "context", "prompts", "data", "defaults", "folders", "distributed", "text_bounds"},
+    {"coercion", "context", "prompts", "data", "defaults", "atomic_files", "distributed", "text_bounds"},
     {"modules"},
     {"released"},
-    {"model", "model_card", "hard_negatives", "command_line"},
+    {"model", "model_card", "cache_key_warning", "hard_negatives", "command_line"},
     {"batching", "losses", "fast_encode", "export"},
     {"evaluation", "serving", "corpus"},
     {"training"},
@@ -74,3 +75,77 @@ def test_the_checker_sees_an_upward_import(tmp_path):
         "def f():\n    from cde_st.training import train\nfrom cde_st import ContextualSentenceTransformer\n"
     )
     assert sorted(_imports(bad)) == [(2, "training"), (3, "cde_st:ContextualSentenceTransformer")]
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(package: Path) -> dict[str, dict[str, int]]:
+    """Module -> {module of the package it imports: line of the first such import}, for every module under
+    ``package``. ``from p.m import name`` points at ``p.m.name`` when that is a module, else at ``p.m``."""
+    paths = {_module_name(path, package): path for path in sorted(package.rglob("*.py"))}
+    graph = {}
+    for module, path in paths.items():
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module
+                           for a in node.names]  # fmt: skip
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for target in targets:
+                if target in paths and target != module:
+                    edges[target] = min(edges.get(target, node.lineno), node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The import cycles a depth-first walk of ``graph`` meets, each as ``[a, b, ..., a]`` (at least one per set
+    of modules that import each other in a circle)."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:
+        state[module] = "open"
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                found.append([*stack[stack.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    return found
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    # A circle works only while some import in it stays inside a function or runs late; any reordering of imports
+    # (or an import moved to the top) then fails at import time, and the modules cannot be read one at a time.
+    graph = _import_graph(PACKAGE)
+    # Each step as module:line of its import of the next.
+    described = [
+        " -> ".join([f"{a}:{graph[a][b]}" for a, b in zip(cycle, cycle[1:])] + [cycle[-1]]) for cycle in _cycles(graph)
+    ]
+    assert not described, "modules of cde_st import each other in a circle:\n" + "\n".join(described)
+
+
+def test_the_checker_sees_an_import_cycle(tmp_path):
+    package = tmp_path / "cde_st"
+    (package / "pkg").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "pkg" / "__init__.py").write_text("")
+    (package / "a.py").write_text("import os\nfrom cde_st.pkg import mod\n")
+    (package / "pkg" / "mod.py").write_text("def f():\n    import cde_st.a\n")
+    (package / "b.py").write_text("from cde_st.a import thing\n")  # points into the circle, is not part of it
+    graph = _import_graph(package)
+    assert graph["cde_st.a"] == {"cde_st.pkg.mod": 2} and graph["cde_st.pkg.mod"] == {"cde_st.a": 2}
+    assert _cycles(graph) == [["cde_st.a", "cde_st.pkg.mod", "cde_st.a"]]

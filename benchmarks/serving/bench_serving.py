@@ -292,6 +292,16 @@ def print_table(totals: dict, args: argparse.Namespace) -> list[dict]:
     return results
 
 
+def planned_measurements(args: argparse.Namespace) -> list[tuple]:
+    """(model, clients, texts per request); clients None: in-process encode, "forward": the server's forward
+    in-process."""
+    measurements = []
+    for kind in args.models:
+        measurements += [(kind, None, None), (kind, "forward", None)]
+        measurements += [(kind, clients, size) for size in args.sizes for clients in args.clients]
+    return measurements
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--texts", choices=["queries", "documents"], default="queries")
@@ -339,11 +349,7 @@ def main() -> None:
     if args.scenario == "contexts":
         return context_rows.run(folders["cde"], work, Server, texts, args)
 
-    # (model, clients, texts per request); clients None: in-process encode, "forward": the server's forward in-process
-    measurements = []
-    for kind in args.models:
-        measurements += [(kind, None, None), (kind, "forward", None)]
-        measurements += [(kind, clients, size) for size in args.sizes for clients in args.clients]
+    measurements = planned_measurements(args)
     totals = {m: {"texts": 0, "seconds": 0.0, "latencies": [], "batches": 0.0, "forwards": 0.0, "forward_texts": 0.0,
                "forward_seconds": 0.0}
               for m in measurements}  # fmt: skip

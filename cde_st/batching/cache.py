@@ -6,7 +6,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from cde_st.atomic_files import write_atomically
 from cde_st.batching.clustering import PairClustering
 from cde_st.model import contextual_module, is_contextual
 
@@ -113,21 +113,20 @@ def clustering_key(
 
 def save_clustering(path: Path, clustering: PairClustering, meta: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp.npz")
-    os.close(fd)
-    try:
+
+    def write(file) -> None:
         np.savez(
-            tmp,
+            file,
             labels=clustering.labels,
             centroids=clustering.centroids,
             cluster_domains=clustering.cluster_domains,
             domain_names=np.array(json.dumps([str(n) if n is not None else None for n in clustering.domain_names])),
             meta=np.array(json.dumps(meta)),
         )
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the complete new one
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+
+    # A concurrent reader sees the old file or the complete new one; no fsync: a cache lost to a power cut is
+    # recomputed.
+    write_atomically(path, write, fsync=False)
 
 
 def load_clustering(path: Path, num_rows: int, domain_names: list[Hashable]) -> PairClustering | None:

@@ -26,10 +26,10 @@ from typing import Any, Literal
 import numpy as np
 from sentence_transformers import SentenceTransformer
 
+from cde_st.atomic_files import write_folder_atomically
 from cde_st.batching.cache import default_surrogate_cache_dir, model_fingerprint
 from cde_st.batching.static_surrogate import StaticSurrogate
 from cde_st.defaults import default_surrogate_model_path
-from cde_st.folders import write_folder_atomically
 
 logger = logging.getLogger(__name__)
 

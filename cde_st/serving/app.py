@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cde_st.serving import context_errors
+from cde_st.serving import context_errors, defaults
 from cde_st.serving.batching import DynamicBatcher, Overloaded, Unavailable
 from cde_st.serving.contexts import ContextStore, check_name
 from cde_st.serving.engine import Batch, Engine
@@ -40,16 +40,18 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Settings:
+    """The app's request and batching limits; the defaults are cde-st-serve's (:mod:`cde_st.serving.defaults`)."""
+
     api_key: str | None = None
-    max_batch_size: int = 32
-    max_wait_ms: float = 5.0
-    max_queue: int = 1024
-    max_inputs: int = 2048
-    max_body_bytes: int = 32 * 1024 * 1024
-    max_batch_tokens: int | None = None
+    max_batch_size: int = defaults.MAX_BATCH_SIZE
+    max_wait_ms: float = defaults.MAX_WAIT_MS
+    max_queue: int = defaults.MAX_QUEUE
+    max_inputs: int = defaults.MAX_INPUTS
+    max_body_bytes: int = defaults.MAX_BODY_BYTES
+    max_batch_tokens: int | None = defaults.MAX_BATCH_TOKENS
     truncate: bool = False  # what a request without "truncate" gets: False refuses an over-long input (OpenAI)
     # What one more forward costs in padded tokens ("auto": measured at warm-up; None: forwards kept full).
-    forward_overhead_tokens: float | str | None = "auto"
+    forward_overhead_tokens: float | str | None = defaults.FORWARD_OVERHEAD_TOKENS
 
 
 def _json(status: int, body: dict, headers: dict | None = None) -> Response:

@@ -26,6 +26,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+from cde_st.serving import defaults
+
 __all__ = ["DynamicBatcher", "Overloaded", "Unavailable"]
 
 logger = logging.getLogger(__name__)
@@ -75,12 +77,12 @@ class DynamicBatcher:
         self,
         run: Callable[[Hashable, list], Any],
         executor: Executor,
-        max_batch_size: int = 32,
-        max_wait: float = 0.005,
-        max_queue: int = 1024,
+        max_batch_size: int = defaults.MAX_BATCH_SIZE,
+        max_wait: float = defaults.MAX_WAIT_MS / 1000,
+        max_queue: int = defaults.MAX_QUEUE,
         on_batch: Callable[[int, int], None] | None = None,
         on_queue: Callable[[int], None] | None = None,
-        max_batch_tokens: int | None = None,
+        max_batch_tokens: int | None = defaults.MAX_BATCH_TOKENS,
         on_abandoned: Callable[[int], None] | None = None,
     ) -> None:
         if (

@@ -18,6 +18,8 @@ import h11
 from uvicorn.protocols.http.flow_control import CLOSE_HEADER
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from cde_st.serving import defaults
+
 __all__ = ["ReadTimeoutH11Protocol", "read_timeout_protocol"]
 
 
@@ -25,7 +27,7 @@ class ReadTimeoutH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, closing a connection whose request is not complete ``read_timeout`` seconds after
     the connection opened or the previous answer was sent."""
 
-    read_timeout = 10.0
+    read_timeout = defaults.READ_TIMEOUT_S  # read_timeout_protocol gives each server its own
     max_requests: int | None = None  # per connection; the last one's answer says "Connection: close"
     max_age: float | None = None  # seconds; the first request after it gets "Connection: close"
     _opened = 0.0

@@ -1,12 +1,12 @@
 """One stored context as one file: ``NAME.safetensors`` holding the float32 vectors, the rest as JSON metadata,
 with a checksum over both.
 
-Writing is atomic: a temporary file in the same folder is written and fsynced, renamed over the old one
-(``os.replace``), and the folder fsynced, so a process killed at any point leaves the old file or the new one,
-never half of one. Reading checks what a rename cannot promise: the checksum (a disk or copy fault, a hand edit),
-the format, the name, the shape and that every value is finite; a file failing any check raises
-:class:`~cde_st.serving.context_errors.ContextDamaged`. Files written before checksums existed are read with every
-other check.
+Writing is atomic (:func:`cde_st.atomic_files.write_atomically`): a temporary file in the same folder is written and
+fsynced, renamed over the old one (``os.replace``), and the folder fsynced, so a process killed at any point leaves
+the old file or the new one, never half of one. Reading checks what a rename cannot promise: the checksum (a disk or
+copy fault, a hand edit), the format, the name, the shape and that every value is finite; a file failing any check
+raises :class:`~cde_st.serving.context_errors.ContextDamaged`. Files written before checksums existed are read with
+every other check.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +22,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from cde_st.atomic_files import write_atomically
 from cde_st.serving.context_errors import ContextDamaged
 
-__all__ = ["METADATA_KEY", "PAUSE_ENV", "SUFFIX", "TEMP_PREFIX", "StoredContext", "fsync_dir", "read", "write"]
+__all__ = ["METADATA_KEY", "PAUSE_ENV", "SUFFIX", "StoredContext", "read", "write"]
 
 SUFFIX = ".safetensors"
-TEMP_PREFIX = ".tmp-"
 METADATA_KEY = "cde_st_serving_context"
 #: Test-only: seconds to sleep after the temporary file is written and fsynced and before it is renamed into
 #: place, so a test can SIGKILL the server exactly inside a context write. Unset in any real deployment.
@@ -82,15 +81,6 @@ def _checksum(vectors: torch.Tensor, meta: dict) -> str:
     return digest.hexdigest()
 
 
-def fsync_dir(folder: Path) -> None:
-    """Make a rename or unlink in ``folder`` durable."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write(folder: Path, context: StoredContext) -> Path:
     """Write ``context`` to ``folder/NAME.safetensors`` atomically (temporary file, fsync, rename, folder fsync);
     returns the path. Blocking: call it off the event loop."""
@@ -98,23 +88,13 @@ def write(folder: Path, context: StoredContext) -> Path:
     vectors = context.vectors.float().contiguous()
     meta["checksum"] = _checksum(vectors, meta)
     data = save({"vectors": vectors}, metadata={METADATA_KEY: json.dumps(meta)})
-    final = folder / f"{context.name}{SUFFIX}"
-    temp = folder / f"{TEMP_PREFIX}{context.name}-{os.getpid()}-{threading.get_ident()}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        pause = os.environ.get(PAUSE_ENV)
-        if pause:
-            time.sleep(float(pause))
-        os.replace(temp, final)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    fsync_dir(folder)
-    return final
+    return write_atomically(folder / f"{context.name}{SUFFIX}", data, before_replace=_test_pause)
+
+
+def _test_pause() -> None:
+    pause = os.environ.get(PAUSE_ENV)
+    if pause:
+        time.sleep(float(pause))
 
 
 def read(path: Path, name: str) -> StoredContext:

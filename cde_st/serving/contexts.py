@@ -32,7 +32,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from cde_st.serving import context_files
+from cde_st.atomic_files import TEMP_PREFIX, fsync_dir, write_atomically
+from cde_st.serving import context_files, defaults
 from cde_st.serving.context_errors import (
     ContextBusy,
     ContextDamaged,
@@ -43,7 +44,7 @@ from cde_st.serving.context_errors import (
     InvalidContextName,
     StateDirError,
 )
-from cde_st.serving.context_files import PAUSE_ENV, SUFFIX, TEMP_PREFIX, StoredContext
+from cde_st.serving.context_files import PAUSE_ENV, SUFFIX, StoredContext
 
 __all__ = [
     "GENERATION_FILE",
@@ -94,7 +95,12 @@ class ContextStore:
     reservation back. Every method is thread-safe; :meth:`commit` and :meth:`delete` block on file I/O (call them
     off the event loop)."""
 
-    def __init__(self, state_dir: str | os.PathLike | None, model_identity: str, refresh_seconds: float = 0.5) -> None:
+    def __init__(
+        self,
+        state_dir: str | os.PathLike | None,
+        model_identity: str,
+        refresh_seconds: float = defaults.CONTEXT_REFRESH_S,
+    ) -> None:
         self.model_identity = model_identity
         self.refresh_seconds = refresh_seconds
         self.state_dir = None if state_dir is None else Path(state_dir).resolve()
@@ -157,9 +163,7 @@ class ContextStore:
 
     def _bump_generation(self) -> None:
         """Tell the other replicas the folder changed: a new file replaces ``generation`` (a new inode)."""
-        temp = self.state_dir / f"{TEMP_PREFIX}generation-{os.getpid()}-{threading.get_ident()}"
-        temp.write_text(uuid.uuid4().hex)
-        os.replace(temp, self.state_dir / GENERATION_FILE)
+        write_atomically(self.state_dir / GENERATION_FILE, uuid.uuid4().hex, fsync=False)
         # self._generation is left as it was: another replica may have written since this store last read the
         # folder, so the next refresh reads it again (this write's own file is known and not read twice).
 
@@ -361,7 +365,7 @@ class ContextStore:
                     self._forget(name)
                 raise ContextNotFound(f"No context named {name!r}.", param="name")
             path.unlink()
-            context_files.fsync_dir(self.folder)
+            fsync_dir(self.folder)
             with self._lock:
                 self._forget(name)
             self._bump_generation()

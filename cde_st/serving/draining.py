@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from cde_st.serving import defaults
 from cde_st.serving.traffic import TrafficState
 
 __all__ = ["DrainingServer"]
@@ -32,7 +33,7 @@ class DrainingServer(uvicorn.Server):
         self,
         config: uvicorn.Config,
         traffic: TrafficState,
-        drain_timeout: float = 30.0,
+        drain_timeout: float = defaults.DRAIN_TIMEOUT_S,
         on_started: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(config)

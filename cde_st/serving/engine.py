@@ -36,6 +36,7 @@ from cde_st.context import ContextInfo
 from cde_st.model import ContextualSentenceTransformer, is_contextual
 from cde_st.modules.freshness import first_stage_fingerprint
 from cde_st.released import is_released_checkpoint, resolve_name
+from cde_st.serving import defaults
 from cde_st.serving.context_cache import CacheStats, ContextStateCache
 from cde_st.serving.context_errors import ContextTooLarge, NonFiniteEmbedding
 from cde_st.serving.contexts import DEFAULT_NAME, StoredContext
@@ -46,15 +47,10 @@ from cde_st.serving.tokens import RequestTokenizer, Tokens
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-#: Default budget for the keys/values of contexts kept between switches (cached attention).
-CONTEXT_CACHE_BYTES = 256 * 1024 * 1024
 #: After each first-stage batch of a creation, queued embeddings may use up to this many times its duration first.
 CREATION_YIELD = 2.0
 #: Embeddings count as under way for this many seconds after a forward (the gap before a client's next request).
 EMBEDDING_GAP = 0.05
-#: First-stage documents per batch of a creation: small, so an embedding waits little behind one batch (a batch
-#: of 8 long documents took over a second on a busy 2-core machine, against 0.4 s for a query's p99).
-CONTEXT_BATCH_SIZE = 2
 #: Probe forwards of :meth:`Engine.measure_forward_overhead`: 1 and this many texts of this many words.
 FORWARD_PROBE_TEXTS, FORWARD_PROBE_WORDS = 8, 24
 _NULL = "null context"  # the cache key of the null context (a contextual model served without one)
@@ -135,13 +131,13 @@ class Engine:
         *,
         device: str | None = None,
         dtype: str | None = None,
-        backend: str = "torch",
+        backend: str = defaults.BACKEND,
         onnx_file: str | None = None,
         served_name: str | None = None,
-        max_batch_size: int = 32,
-        max_batch_tokens: int | None = None,
-        context_cache_bytes: int = CONTEXT_CACHE_BYTES,
-        context_batch_size: int = CONTEXT_BATCH_SIZE,
+        max_batch_size: int = defaults.MAX_BATCH_SIZE,
+        max_batch_tokens: int | None = defaults.MAX_BATCH_TOKENS,
+        context_cache_bytes: int = defaults.CONTEXT_CACHE_BYTES,
+        context_batch_size: int = defaults.CONTEXT_BATCH_SIZE,
         model_process: bool = False,
     ) -> None:
         location = model if isinstance(model, str) else None
@@ -190,7 +186,7 @@ class Engine:
                 )
             settings = dict(max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
                             context_cache_bytes=context_cache_bytes)  # fmt: skip
-            self.model_process = ModelProcess(self.model, settings)
+            self.model_process = ModelProcess(self.model, settings, Engine)
             self.model_process.start()
         if self.contextual:
             module = self.model.contextual_module

@@ -27,6 +27,7 @@ import signal
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,12 +61,13 @@ class _Reply:
 
 
 class ModelProcess:
-    """Forwards of ``model`` in a child process. ``settings``: the keyword arguments of the child's
-    :class:`~cde_st.serving.engine.Engine` (batch limits, context cache budget). :meth:`embed` is called from
+    """Forwards of ``model`` in a child process. ``engine_class`` builds the child's engine as
+    ``engine_class(model, **settings)`` (the server's :class:`~cde_st.serving.engine.Engine`, passed in because
+    that module imports this one; ``settings``: batch limits, context cache budget). :meth:`embed` is called from
     one thread at a time (the server's model thread); :meth:`close` ends the child."""
 
-    def __init__(self, model: torch.nn.Module, settings: dict) -> None:
-        self.model, self.settings = model, dict(settings)
+    def __init__(self, model: torch.nn.Module, settings: dict, engine_class: Callable[..., Any]) -> None:
+        self.model, self.settings, self.engine_class = model, dict(settings), engine_class
         self._serials: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # context -> its number
         self._sent: set[int] = set()  # contexts the running child holds
         self._forgotten: deque[int] = deque()  # contexts let go since the last message
@@ -82,7 +84,7 @@ class ModelProcess:
         context = torch.multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         process = context.Process(
-            target=_serve, args=(child, self.model, self.settings), name="cde-st-model", daemon=True
+            target=_serve, args=(child, self.model, self.settings, self.engine_class), name="cde-st-model", daemon=True
         )
         try:
             process.start()  # the weights move to shared memory here
@@ -215,16 +217,14 @@ def _picklable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def _serve(conn, model: torch.nn.Module, settings: dict) -> None:
+def _serve(conn, model: torch.nn.Module, settings: dict, engine_class: Callable[..., Any]) -> None:
     """The child: build the engine on the shared model, answer ready, then run one forward per message until the
     parent sends None or goes away."""
-    from cde_st.serving.engine import Engine
-
     # Ctrl-C reaches the whole foreground process group: the server's process decides when this one ends (it
     # closes the pipe), so a stop is not a traceback here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        engine = Engine(model, **settings)
+        engine = engine_class(model, **settings)
     except Exception as exc:
         conn.send_bytes(pickle.dumps(("failed", f"{type(exc).__name__}: {exc}")))
         return

@@ -10,6 +10,8 @@ import socket
 import sys
 from functools import partial
 
+from cde_st.serving import defaults
+
 logger = logging.getLogger("cde_st.serving")
 
 
@@ -22,8 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
         "model",
         help="a saved cde_st folder, a released CDE model (folder or hub id) or any sentence-transformers model",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the log line says which)")
+    p.add_argument(
+        "--host", default=defaults.HOST, help=f"address to bind (default {defaults.HOST}: this machine only)"
+    )
+    p.add_argument("--port", type=int, default=defaults.PORT, help="port (0: any free port; the log line says which)")
     p.add_argument(
         "--state-dir",
         default=None,
@@ -38,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument(
         "--backend",
-        default="torch",
+        default=defaults.BACKEND,
         choices=["torch", "onnx"],
         help="onnx: run a folder written by `cde-st-convert MODEL OUT --to onnx` on ONNX Runtime",
     )
@@ -54,30 +58,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _batching_options(p) -> None:  # an argument group of the parser
-    p.add_argument("--max-batch-size", type=int, default=32, help="texts per forward pass (default 32)")
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=defaults.MAX_BATCH_SIZE,
+        help=f"texts per forward pass (default {defaults.MAX_BATCH_SIZE})",
+    )
     p.add_argument(
         "--max-wait-ms",
         type=float,
-        default=5.0,
-        help="how long the first request of a batch may wait for others (default 5)",
+        default=defaults.MAX_WAIT_MS,
+        help=f"how long the first request of a batch may wait for others (default {defaults.MAX_WAIT_MS:g})",
     )
     p.add_argument(
         "--max-queue",
         type=int,
-        default=1024,
-        help="texts that may wait; beyond it requests get 429 with Retry-After (default 1024)",
+        default=defaults.MAX_QUEUE,
+        help=f"texts that may wait; beyond it requests get 429 with Retry-After (default {defaults.MAX_QUEUE})",
     )
     p.add_argument(
         "--max-batch-tokens",
         type=int,
-        default=None,
+        default=defaults.MAX_BATCH_TOKENS,
         help="tokens per forward pass, counted with padding (texts times the longest); a longer request goes alone "
         "(default: no limit beyond --max-batch-size)",
     )
     p.add_argument(
         "--forward-overhead-tokens",
         type=_overhead,
-        default="auto",
+        default=defaults.FORWARD_OVERHEAD_TOKENS,
         help="what one more forward pass costs, in padded tokens: a batch is cut into forwards by length where "
         "padding would cost more (auto: measured at start, a few dozen tokens on a CPU; off: every forward as full "
         "as --max-batch-size and --max-batch-tokens allow; default auto)",
@@ -101,29 +110,40 @@ def _context_options(p) -> None:  # an argument group of the parser
     p.add_argument(
         "--context-cache-mb",
         type=float,
-        default=256.0,
+        default=defaults.CONTEXT_CACHE_MB,
         help="memory for the keys/values of contexts kept between switches, least recently used dropped first "
-        "(default 256 MiB; 0: recompute them at every switch)",
+        f"(default {defaults.CONTEXT_CACHE_MB:g} MiB; 0: recompute them at every switch)",
     )
     p.add_argument(
         "--workers",
         type=int,
-        default=1,
-        help="server processes on this port, sharing --state-dir (default 1; each loads the model)",
+        default=defaults.WORKERS,
+        help=f"server processes on this port, sharing --state-dir (default {defaults.WORKERS}; each loads the model)",
     )
     p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)  # a --workers child's socket
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)  # a --workers child says "started"
     p.add_argument(
         "--context-refresh-s",
         type=float,
-        default=0.5,
-        help="how often a lookup checks the state directory for contexts other replicas wrote (default 0.5 s)",
+        default=defaults.CONTEXT_REFRESH_S,
+        help="how often a lookup checks the state directory for contexts other replicas wrote "
+        f"(default {defaults.CONTEXT_REFRESH_S:g} s)",
     )
 
 
 def _request_options(p) -> None:  # an argument group of the parser
-    p.add_argument("--max-inputs", type=int, default=2048, help="texts per request (default 2048, as OpenAI)")
-    p.add_argument("--max-body-mb", type=float, default=32.0, help="request body limit in MiB (default 32)")
+    p.add_argument(
+        "--max-inputs",
+        type=int,
+        default=defaults.MAX_INPUTS,
+        help=f"texts per request (default {defaults.MAX_INPUTS}, as OpenAI)",
+    )
+    p.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=defaults.MAX_BODY_MB,
+        help=f"request body limit in MiB (default {defaults.MAX_BODY_MB:g})",
+    )
     p.add_argument(
         "--api-key-env",
         default=None,
@@ -132,39 +152,45 @@ def _request_options(p) -> None:  # an argument group of the parser
     p.add_argument(
         "--max-connections",
         type=int,
-        default=1000,
-        help="open connections and requests beyond which new ones get 503 at once (default 1000)",
+        default=defaults.MAX_CONNECTIONS,
+        help="open connections and requests beyond which new ones get 503 at once "
+        f"(default {defaults.MAX_CONNECTIONS})",
     )
     p.add_argument(
         "--read-timeout-s",
         type=float,
-        default=30.0,
+        default=defaults.READ_TIMEOUT_S,
         help="time a connection has to send a whole request (headers and body) after it opens or after the "
-        "previous answer; past it the connection is closed (default 30)",
+        f"previous answer; past it the connection is closed (default {defaults.READ_TIMEOUT_S:g})",
     )
     p.add_argument(
-        "--keep-alive-s", type=int, default=5, help="an idle connection is closed after this long (default 5)"
+        "--keep-alive-s",
+        type=int,
+        default=defaults.KEEP_ALIVE_S,
+        help=f"an idle connection is closed after this long (default {defaults.KEEP_ALIVE_S})",
     )
     p.add_argument(
         "--max-requests-per-connection",
         type=int,
-        default=1000,
+        default=defaults.MAX_REQUESTS_PER_CONNECTION,
         help="answers on one keep-alive connection; the last says 'Connection: close', so that a client's next "
-        "connection may go to another --workers process (default 1000, as nginx's keepalive_requests)",
+        f"connection may go to another --workers process (default {defaults.MAX_REQUESTS_PER_CONNECTION}, as "
+        "nginx's keepalive_requests)",
     )
     p.add_argument(
         "--max-connection-age-s",
         type=float,
-        default=60.0,
+        default=defaults.MAX_CONNECTION_AGE_S,
         help="the first request on a connection open this long is answered with 'Connection: close', for the same "
-        "reason, for clients too slow to reach --max-requests-per-connection (default 60)",
+        f"reason, for clients too slow to reach --max-requests-per-connection "
+        f"(default {defaults.MAX_CONNECTION_AGE_S:g})",
     )
     p.add_argument(
         "--drain-timeout-s",
         type=float,
-        default=30.0,
+        default=defaults.DRAIN_TIMEOUT_S,
         help="after SIGTERM, how long requests in flight may take to finish before the server exits anyway; new "
-        "requests get 503 meanwhile (default 30)",
+        f"requests get 503 meanwhile (default {defaults.DRAIN_TIMEOUT_S:g})",
     )
 
 
@@ -205,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         max_wait_ms=args.max_wait_ms,
         max_queue=args.max_queue,
         max_inputs=args.max_inputs,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_body_bytes=int(args.max_body_mb * defaults.MIB),
         max_batch_tokens=args.max_batch_tokens,
         truncate=args.truncate,
         forward_overhead_tokens=args.forward_overhead_tokens,
@@ -296,7 +322,7 @@ def _engine(args: argparse.Namespace):
             served_name=args.served_model_name,
             max_batch_size=args.max_batch_size,
             max_batch_tokens=args.max_batch_tokens,
-            context_cache_bytes=int(max(args.context_cache_mb, 0) * 1024 * 1024),
+            context_cache_bytes=int(max(args.context_cache_mb, 0) * defaults.MIB),
             model_process=args.model_process,
         )
     except ModelProcessFailed as exc:

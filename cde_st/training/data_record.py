@@ -26,6 +26,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from cde_st.atomic_files import write_atomically
 from cde_st.data import find_jsonl
 from cde_st.training.config import TrainConfig, TrainConfigError
 from cde_st.training.pairs import jsonl_files
@@ -159,7 +160,4 @@ def check_data_unchanged(current: dict[str, Any], folders: list[str], allow_chan
 
 def write_data_record(output_dir: str, record: dict[str, Any]) -> None:
     """Write ``record`` (:func:`data_record`) to ``output_dir``'s :data:`DATA_RECORD_FILE`."""
-    path = os.path.join(output_dir, DATA_RECORD_FILE)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_atomically(os.path.join(output_dir, DATA_RECORD_FILE), json.dumps(record, indent=2), fsync=False)

@@ -28,6 +28,7 @@ from typing import Any
 
 from safetensors import safe_open
 
+from cde_st.atomic_files import write_atomically
 from cde_st.training.config import TrainConfig, TrainConfigError
 from cde_st.training.data_record import DATA_RECORD_FILE, check_data_unchanged, data_record, write_data_record
 
@@ -200,10 +201,7 @@ def record_outputs(output_dir: str, *names: str) -> None:
     if not new:
         return
     manifest["outputs"] = [*manifest["outputs"], *new]
-    path = os.path.join(output_dir, MANIFEST_FILE)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_atomically(os.path.join(output_dir, MANIFEST_FILE), json.dumps(manifest, indent=2), fsync=False)
 
 
 def _is_older_cde_st_run(output_dir: str) -> bool:

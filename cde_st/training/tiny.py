@@ -16,7 +16,7 @@ import string
 import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
-from cde_st.folders import write_folder_atomically
+from cde_st.atomic_files import write_folder_atomically
 from cde_st.prompts import CLASSIFICATION_PROMPT, CLUSTERING_PROMPT, DOCUMENT_PROMPT, QUERY_PROMPT
 from cde_st.training.pairs import tiny_pairs
 

@@ -18,7 +18,7 @@ import torch
 from sample_texts import SHORT_DOCS, TOPIC_DOCS
 from serving_helpers import API_KEY, Server
 
-from cde_st.serving import context_files
+from cde_st.serving import contexts
 from cde_st.serving.context_errors import (
     ContextBusy,
     ContextDamaged,
@@ -237,7 +237,7 @@ def test_a_delete_holds_no_lock_a_lookup_waits_for_across_fsync(tmp_path, monkey
         reader.join(timeout=5)  # a lookup (the event loop's) runs while the delete is in its fsync
         assert not reader.is_alive()
 
-    monkeypatch.setattr(context_files, "fsync_dir", slow_fsync)
+    monkeypatch.setattr(contexts, "fsync_dir", slow_fsync)
     store.delete("alpha")
     assert lookups == ["beta"]
 
