@@ -10,13 +10,14 @@ from cde_st.corpus.corpus_context import CorpusContext, read_context_file
 from cde_st.corpus.job import embed_corpus, finished_shards
 from cde_st.corpus.manifest import ForeignOutputError, read_manifest
 from cde_st.corpus.readers import CorpusBatch, CorpusReader
-from cde_st.corpus.shards import read_shard
+from cde_st.corpus.shards import DamagedFileError, read_shard
 
 __all__ = [
     "BottomKSample",
     "CorpusBatch",
     "CorpusContext",
     "CorpusReader",
+    "DamagedFileError",
     "ForeignOutputError",
     "embed_corpus",
     "finished_shards",

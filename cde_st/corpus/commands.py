@@ -1,6 +1,10 @@
 """The commands ``cde-st-embed MODEL CORPUS --out DIR`` and ``cde-st-search DIR "query"`` (thin over
 :func:`~cde_st.corpus.embed_corpus`, :func:`~cde_st.corpus.index.build_index` and
-:func:`~cde_st.corpus.index.search_index`)."""
+:func:`~cde_st.corpus.index.search_index`).
+
+Errors are the one line ``error: ...`` (exit status 2) of every cde_st command (:mod:`cde_st.command_line`); the
+traceback with ``--debug``.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,29 @@ import json
 import sys
 from pathlib import Path
 
+from cde_st.command_line import DEBUG_HELP, EXPECTED_ERRORS, CommandParser, debug_wanted, report_error
+from cde_st.corpus.output_folder import FolderBusyError
 from cde_st.corpus.shards import DTYPES
 
-__all__ = ["embed_main", "search_main"]
+__all__ = ["embed_main", "embed_run", "search_main", "search_run"]
+
+#: Errors whose message says all: bad data, options, folders, a missing extra, a busy folder.
+_EXPECTED = (ImportError, FolderBusyError, *EXPECTED_ERRORS)
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (0 or a negative count means nothing, or something else)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _embed_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="cde-st-embed",
         description="Embed a whole corpus with one context into resumable parquet shards, a manifest and a faiss "
         "index. Rerun the same command after a crash to finish the job.",
@@ -31,21 +51,27 @@ def _embed_parser() -> argparse.ArgumentParser:
         help="'sample' (default: J documents of the corpus, seeded), 'model' (the model's saved context), or a "
         "context file: .npy, .safetensors (a cde-st-serve named context is STATE_DIR/contexts/NAME.safetensors)",
     )
-    parser.add_argument("--context-size", type=int, default=None, help="J of a sampled context (default: the model's)")
+    parser.add_argument(
+        "--context-size", type=_positive_int, default=None, help="J of a sampled context (default: the model's)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the context sample's seed")
     parser.add_argument(
         "--devices", default=None, help="one process per device, comma-separated: cpu,cpu or cuda:0,cuda:1"
     )
     parser.add_argument(
         "--ray",
-        type=int,
+        type=_positive_int,
         default=None,
         metavar="WORKERS",
         help="embed with Ray Data on this many model actors (needs the distributed extra)",
     )
-    parser.add_argument("--shard-size", type=int, default=10_000, help="records per shard (the unit of resumption)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-seq-length", type=int, default=None, help="truncate documents to this many tokens")
+    parser.add_argument(
+        "--shard-size", type=_positive_int, default=10_000, help="records per shard (the unit of resumption)"
+    )
+    parser.add_argument("--batch-size", type=_positive_int, default=32)
+    parser.add_argument(
+        "--max-seq-length", type=_positive_int, default=None, help="truncate documents to this many tokens"
+    )
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="the stored embedding type")
     parser.add_argument("--normalize", action="store_true", help="L2-normalise the stored embeddings")
     parser.add_argument(
@@ -60,6 +86,7 @@ def _embed_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_backend_options(parser)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     return parser
 
 
@@ -77,18 +104,32 @@ def _add_backend_options(parser: argparse.ArgumentParser, default: str | None = 
 def _load(model_name: str, max_seq_length: int | None, backend: str = "torch", onnx_file: str | None = None):
     from cde_st.evaluation.models import load_model
 
-    try:
-        model = load_model(model_name, backend=backend, onnx_file=onnx_file)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        sys.exit(f"error: {exc}")
+    model = load_model(model_name, backend=backend, onnx_file=onnx_file)
     if max_seq_length is not None:
         model.max_seq_length = max_seq_length
     return model
 
 
 def embed_main(argv: list[str] | None = None) -> None:
-    """``cde-st-embed``."""
+    """Console entry point ``cde-st-embed``; exits with status 2 after a one-line ``error: ...``."""
+    status = embed_run(argv)
+    if status:
+        sys.exit(status)
+
+
+def embed_run(argv: list[str] | None = None) -> int:
+    """``cde-st-embed``; returns the exit status (0; 2 after a one-line ``error: ...``)."""
     args = _embed_parser().parse_args(argv)
+    try:
+        _embed(args)
+    except Exception as err:
+        if args.debug or debug_wanted(argv):
+            raise
+        return report_error(err, _EXPECTED, {"MODEL": args.model}, how="give a local model folder as MODEL")
+    return 0
+
+
+def _embed(args: argparse.Namespace) -> None:
     from cde_st.corpus.index import build_index
     from cde_st.corpus.job import embed_corpus
 
@@ -124,33 +165,59 @@ def embed_main(argv: list[str] | None = None) -> None:
         build_index(args.out, kind=args.index, show_progress_bar=not args.quiet)
 
 
-def search_main(argv: list[str] | None = None) -> None:
-    """``cde-st-search``."""
-    parser = argparse.ArgumentParser(
+def _search_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(
         prog="cde-st-search", description="Search a folder written by cde-st-embed, with its model and context."
     )
     parser.add_argument("folder", help="the folder cde-st-embed wrote")
     parser.add_argument("queries", nargs="+", help="one or more queries")
     parser.add_argument("--model", default=None, help="the model (default: the one the manifest names)")
-    parser.add_argument("-k", type=int, default=10, help="results per query")
-    parser.add_argument("--nprobe", type=int, default=None, help="inverted lists an IVF index visits")
+    parser.add_argument("-k", type=_positive_int, default=10, help="results per query")
+    parser.add_argument("--nprobe", type=_positive_int, default=None, help="inverted lists an IVF index visits")
     parser.add_argument(
-        "--max-seq-length", type=int, default=None, help="default: the one the corpus was embedded with"
+        "--max-seq-length", type=_positive_int, default=None, help="default: the one the corpus was embedded with"
     )
     parser.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     _add_backend_options(parser, default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    return parser
+
+
+def search_main(argv: list[str] | None = None) -> None:
+    """Console entry point ``cde-st-search``; exits with status 2 after a one-line ``error: ...``."""
+    status = search_run(argv)
+    if status:
+        sys.exit(status)
+
+
+def search_run(argv: list[str] | None = None) -> int:
+    """``cde-st-search``; returns the exit status (0; 2 after a one-line ``error: ...``)."""
+    args = _search_parser().parse_args(argv)
+    models = {"--model": args.model}  # the model the manifest names, once read
+    try:
+        _search(args, models)
+    except Exception as err:
+        if args.debug or debug_wanted(argv):
+            raise
+        return report_error(err, _EXPECTED, models, how="pass a local model folder as --model")
+    return 0
+
+
+def _search(args: argparse.Namespace, models: dict[str, str | None]) -> None:
     from cde_st.corpus.index import search_index
     from cde_st.corpus.manifest import read_manifest
 
+    if not Path(args.folder).is_dir():
+        raise FileNotFoundError(f"{args.folder}: no such folder (give the --out folder of cde-st-embed).")
     manifest = read_manifest(args.folder)
     if manifest is None:
-        sys.exit(f"cde-st-search: {args.folder} has no manifest.json (not a cde-st-embed folder).")
+        raise FileNotFoundError(f"{args.folder} has no manifest.json (not a folder cde-st-embed wrote).")
     recorded = manifest["model"]
     backend = args.backend or recorded.get("backend", "torch")
     onnx_file = args.onnx_file or (recorded.get("onnx_file") if args.backend is None else None)
     max_seq_length = args.max_seq_length or manifest.get("max_seq_length")
-    model = _load(args.model or recorded["name"], max_seq_length, backend, onnx_file)
+    models["--model"] = args.model or recorded["name"]
+    model = _load(models["--model"], max_seq_length, backend, onnx_file)
     results = search_index(args.folder, model, args.queries, k=args.k, nprobe=args.nprobe)
     for query, hits in zip(args.queries, results):
         if args.json:

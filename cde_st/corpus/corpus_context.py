@@ -6,8 +6,9 @@ samples or embeds its own. A context is named by :func:`~cde_st.context.fingerpr
 job's manifest records and every later search checks.
 
 Context files: a ``.npy`` array (J, d), or a ``.safetensors`` file with a ``vectors`` tensor. A named context of
-``cde-st-serve`` is such a file (``STATE_DIR/contexts/NAME.safetensors``); its metadata says which model made it, and
-a context made by another model is refused.
+``cde-st-serve`` is such a file (``STATE_DIR/contexts/NAME.safetensors``); it is checked as the server checks it
+(:func:`cde_st.serving.context_files.read`: checksum, shape, finite values), and its metadata says which model made
+it: a damaged context, or one made by another model, is refused.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ import torch
 from cde_st.context import fingerprint_array, fingerprint_texts
 from cde_st.corpus.shards import write_atomically
 from cde_st.model import contextual_module, is_contextual
+from cde_st.serving.context_errors import ContextDamaged
+from cde_st.serving.context_files import read as read_served_context
 
 __all__ = [
     "SERVE_METADATA_KEY",
+    "CORPUS_METADATA_KEY",
     "CONTEXT_FILE",
     "CorpusContext",
     "embed_sampled_context",
@@ -37,6 +41,8 @@ __all__ = [
 CONTEXT_FILE = "context.safetensors"
 #: The metadata key of a ``cde-st-serve`` context file (its format: cde_st/serving/contexts.py).
 SERVE_METADATA_KEY = "cde_st_serving_context"
+#: The metadata key of the context file a job keeps (:meth:`CorpusContext.save`).
+CORPUS_METADATA_KEY = "cde_st_corpus"
 
 
 @dataclass
@@ -79,7 +85,7 @@ class CorpusContext:
         atomically: a crash leaves the previous file or the new one."""
         from safetensors.numpy import save
 
-        data = save({"vectors": np.ascontiguousarray(self.vectors)}, {"cde_st_corpus": json.dumps(self.describe())})
+        data = save({"vectors": np.ascontiguousarray(self.vectors)}, {CORPUS_METADATA_KEY: json.dumps(self.describe())})
         write_atomically(path, data)
 
 
@@ -102,6 +108,7 @@ def read_context_file(path: str | Path, model_identities: set[str] | None = None
             metadata = f.metadata() or {}
         served = json.loads(metadata.get(SERVE_METADATA_KEY, "null"))
         if isinstance(served, dict):
+            _check_served(path, served)
             made_by = served.get("model_identity")
             if model_identities and made_by is not None and made_by not in model_identities:
                 raise ValueError(
@@ -109,7 +116,7 @@ def read_context_file(path: str | Path, model_identities: set[str] | None = None
                     f"model is {' / '.join(sorted(model_identities))}); its vectors mean nothing to this model."
                 )
             details = {"served_name": served.get("name"), "served_fingerprint": served.get("fingerprint")}
-        saved = json.loads(metadata.get("cde_st_corpus", "null"))
+        saved = json.loads(metadata.get(CORPUS_METADATA_KEY, "null"))
         if isinstance(saved, dict):  # a context this module saved: keep what it came from
             vectors = np.asarray(vectors, dtype=np.float32)
             return CorpusContext(
@@ -119,6 +126,14 @@ def read_context_file(path: str | Path, model_identities: set[str] | None = None
     if vectors.ndim != 2 or not len(vectors):
         raise ValueError(f"{path}: context vectors must have shape (J, d) with J >= 1, got {vectors.shape}.")
     return CorpusContext(vectors, "file", {"source": "file", "path": str(path.resolve())}, details=details)
+
+
+def _check_served(path: Path, served: dict) -> None:
+    """Refuse a ``cde-st-serve`` context file the server would refuse (its own reader, checksum included)."""
+    try:
+        read_served_context(path, served.get("name"))  # the name it records: a copy may be renamed
+    except ContextDamaged as err:
+        raise ValueError(f"{err} cde-st-serve refuses this file too; give an intact context file.") from None
 
 
 def given_context(model: Any, spec: str, model_identities: set[str] | None = None) -> CorpusContext:

@@ -28,7 +28,7 @@ from cde_st.context import fingerprint_array
 from cde_st.corpus.corpus_context import CONTEXT_FILE, read_context_file
 from cde_st.corpus.fingerprints import model_fingerprint
 from cde_st.corpus.manifest import ForeignOutputError, read_manifest, write_manifest
-from cde_st.corpus.shards import read_shard, write_atomically
+from cde_st.corpus.shards import DamagedFileError, read_shard, write_atomically
 from cde_st.model import is_contextual
 
 __all__ = [
@@ -82,7 +82,7 @@ def _training_sample(folder: Path, shards: list[dict], size: int, seed: int) -> 
     parts = []
     for entry in shards:
         if entry["rows"]:
-            _, vectors = read_shard(folder / entry["file"])
+            _, vectors = read_shard(folder / entry["file"], entry["sha256"])
             take = min(len(vectors), math.ceil(size * entry["rows"] / total))
             parts.append(vectors[np.sort(rng.choice(len(vectors), take, replace=False))])
     return _normalised(np.concatenate(parts))
@@ -110,7 +110,7 @@ def build_index(out_dir: str | Path, kind: str = "auto", seed: int = 0, show_pro
         index.nprobe = choice["nprobe"]
     ids: list[str] = []
     for entry in tqdm(shards, desc="Indexing shards", disable=not show_progress_bar):
-        shard_ids, vectors = read_shard(folder / entry["file"])
+        shard_ids, vectors = read_shard(folder / entry["file"], entry["sha256"])
         if len(shard_ids):
             index.add(_normalised(vectors))
             ids.extend(shard_ids)
@@ -150,19 +150,42 @@ def _corpus_context(folder: Path, manifest: dict, context: Any) -> np.ndarray | 
 
 
 @functools.lru_cache(maxsize=2)
-def _read_index(path: str, ids_path: str, mtime_ns: int) -> tuple[Any, list[str]]:
-    """The index and its ids, read once per file version (a search per query reuses them)."""
+def _read_index(path: str, ids_path: str, versions: tuple[int, int]) -> tuple[Any, list[str]]:
+    """The index and its ids, read once per version of the files (a search per query reuses them)."""
     import faiss
     import pyarrow.parquet as pq
 
-    return faiss.read_index(path), pq.read_table(ids_path).column("id").to_pylist()
+    try:
+        index = faiss.read_index(path)
+    except RuntimeError:  # faiss's message is a C++ assertion; what to do is what matters
+        raise DamagedFileError(f"{path} cannot be read as a faiss index (truncated or damaged). {_REBUILD}") from None
+    try:
+        ids = pq.read_table(ids_path, columns=["id"]).column("id").to_pylist()
+    except (OSError, ValueError, KeyError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise DamagedFileError(f"{ids_path} cannot be read as the index's ids ({err}). {_REBUILD}") from None
+    if index.ntotal != len(ids):
+        raise DamagedFileError(
+            f"{path} holds {index.ntotal} vectors but {ids_path} {len(ids)} ids (one was replaced). {_REBUILD}"
+        )
+    return index, ids
+
+
+_REBUILD = (
+    "Rebuild the index: rerun cde-st-embed with the same arguments (on a finished folder it only rebuilds the "
+    "index), or call cde_st.corpus.index.build_index(DIR)."
+)
 
 
 def _load_index(folder: Path, manifest: dict) -> tuple[Any, list[str]]:
     if "index" not in manifest:
         raise ValueError(f"{folder}: no index yet; build it with build_index() (cde-st-embed builds it by default).")
-    path = folder / manifest["index"]["file"]
-    return _read_index(str(path), str(folder / manifest["index"]["ids_file"]), path.stat().st_mtime_ns)
+    path, ids_path = folder / manifest["index"]["file"], folder / manifest["index"]["ids_file"]
+    missing = [p.name for p in (path, ids_path) if not p.is_file()]
+    if missing:
+        raise DamagedFileError(
+            f"{folder}: the manifest records an index but {' and '.join(missing)} is missing. {_REBUILD}"
+        )
+    return _read_index(str(path), str(ids_path), (path.stat().st_mtime_ns, ids_path.stat().st_mtime_ns))
 
 
 def search_index(
@@ -181,6 +204,10 @@ def search_index(
     context, raises :class:`~cde_st.corpus.manifest.ForeignOutputError` naming both fingerprints. ``nprobe``: the
     inverted lists an IVF index visits (default: the manifest's).
     """
+    if k < 1:
+        raise ValueError(f"k (-k) must be at least 1, got {k}.")
+    if nprobe is not None and nprobe < 1:
+        raise ValueError(f"nprobe (--nprobe) must be at least 1, got {nprobe}.")
     folder = Path(out_dir)
     manifest = read_manifest(folder)
     if manifest is None:

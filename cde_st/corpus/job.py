@@ -2,8 +2,9 @@
 
 The job, in order:
 
-1. The model's fingerprint (:func:`cde_st.serving.identity.model_identity`), prompt and dimension; a folder written
-   by another job is refused (:mod:`cde_st.corpus.manifest`).
+1. The model's fingerprint (:func:`cde_st.serving.identity.model_identity`), prompt and dimension, the corpus's
+   SHA-256 and the reader's fields; a folder written by another job, or holding files no job wrote, is refused
+   (:mod:`cde_st.corpus.manifest`, :mod:`cde_st.corpus.output_folder`).
 2. One streaming pass over the corpus (:func:`~cde_st.corpus.scan.scan_corpus`): every record checked, repeated
    ids found, records counted and, for a contextual model, the context sampled (:mod:`~cde_st.corpus.context_sample`).
 3. The context, computed once as vectors (or given: the model's, a file), kept in ``DIR/context.safetensors``.
@@ -15,7 +16,6 @@ The job, in order:
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import math
@@ -37,9 +37,11 @@ from cde_st.corpus.corpus_context import (
 from cde_st.corpus.encoders import DocumentEncoder, document_prompt
 from cde_st.corpus.fingerprints import model_fingerprint
 from cde_st.corpus.manifest import FORMAT, check_same_job, read_manifest, write_manifest
+from cde_st.corpus.output_folder import OutputFolder
 from cde_st.corpus.readers import CorpusReader
 from cde_st.corpus.scan import ScanResult, scan_corpus
-from cde_st.corpus.shards import DTYPES, TEMP_PREFIX, shard_bytes, shard_name, shard_table, write_atomically
+from cde_st.corpus.shards import DTYPES, shard_bytes, shard_name, shard_table, write_atomically
+from cde_st.data import DataError
 from cde_st.evaluation.models import load_options
 from cde_st.model import context_prompt, is_contextual
 from cde_st.serving.identity import model_identity
@@ -70,7 +72,19 @@ def _header(model: Any, model_name: str, reader: CorpusReader, dtype: str, shard
         "normalized": normalize,
         "shard_size": shard_size,
         "skip_invalid": reader.skip_invalid,
-        "corpus": {"path": str(reader.path.resolve()), "kind": reader.kind, "bytes": _corpus_bytes(reader)},
+        "corpus": {
+            "path": str(reader.path.resolve()),
+            "kind": reader.kind,
+            "bytes": _corpus_bytes(reader),
+            "sha256": reader.content_digest(),
+        },
+        # As given, before any record is read (an id field left to the default is resolved by reading).
+        "reader": {
+            "id_field": reader.id_field,
+            "text_field": reader.text_field,
+            "title_field": reader.title_field,
+            "split": reader.split,
+        },
     }
 
 
@@ -84,7 +98,9 @@ def _context_request(model: Any, context: str | None, context_size: int | None, 
             raise ValueError(f"{type(model).__name__} is not a contextual model; it takes no context.")
         return None
     if context in (None, "sample"):
-        size = context_size or model.contextual_module.context_size
+        size = model.contextual_module.context_size if context_size is None else context_size
+        if size < 1:
+            raise ValueError(f"context_size (--context-size) must be at least 1 document, got {size}.")
         return {"source": "sample", "size": int(size), "seed": int(seed)}
     return {"source": "model"} if context == "model" else {"source": "file", "path": str(Path(context).resolve())}
 
@@ -117,18 +133,6 @@ def finished_shards(out_dir: str | Path, manifest: dict) -> dict[int, dict]:
     return done
 
 
-def _hold(out_dir: Path):
-    handle = open(out_dir / ".lock", "a+")  # noqa: SIM115 (held for the job)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise RuntimeError(
-            f"Another cde-st-embed job is writing {out_dir}; wait for it or use another --out."
-        ) from None
-    return handle
-
-
 def embed_corpus(
     model: Any,
     corpus_path: str | Path,
@@ -154,7 +158,8 @@ def embed_corpus(
     Args:
         model: a ``ContextualSentenceTransformer`` or a plain ``SentenceTransformer`` (no context).
         corpus_path: JSON lines, parquet, a BEIR folder or a ``datasets`` folder (:class:`CorpusReader`).
-        out_dir: the output folder (created; a folder of another job is refused).
+        out_dir: the output folder (created; a folder of another job, or a non-empty one no job wrote, is refused:
+            :mod:`cde_st.corpus.output_folder`).
         model_name: how the manifest names the model (default: its class).
         context: None / ``"sample"`` (J documents of the corpus, seeded), ``"model"`` (the model's saved context)
             or a context file (``.npy``, ``.safetensors``; a ``cde-st-serve`` named context file).
@@ -173,33 +178,30 @@ def embed_corpus(
 
     Raises:
         cde_st.data.DataError: a bad record (file and line named), unless ``skip_invalid``.
-        cde_st.corpus.manifest.ForeignOutputError: ``out_dir`` holds another job's embeddings.
+        cde_st.corpus.manifest.ForeignOutputError: ``out_dir`` holds another job's embeddings (another model,
+            context, corpus content or reader field).
+        FileExistsError: ``out_dir`` is a file, or a non-empty folder that no job wrote.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}.")
     if shard_size < 1 or batch_size < 1:
         raise ValueError(f"shard_size and batch_size must be >= 1, got {shard_size} and {batch_size}.")
+    if ray_workers is not None and devices:
+        raise ValueError("give devices= (one machine's pool) or ray_workers= (Ray), not both.")
     reader = CorpusReader(corpus_path, skip_invalid=skip_invalid, **(reader_options or {}))
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lock = _hold(out_dir)
-    try:
+    request = _context_request(model, context, context_size, seed)
+    with OutputFolder(out_dir) as folder:
+        out_dir = folder.path
         model.eval()
-        header = _header(model, model_name or type(model).__name__, reader, dtype, shard_size, normalize)
-        request = _context_request(model, context, context_size, seed)
         old = read_manifest(out_dir)
+        header = _header(model, model_name or type(model).__name__, reader, dtype, shard_size, normalize)
         if old is not None:
             check_same_job(out_dir, old, {**header, "context": old.get("context")})
-        for leftover in out_dir.glob(f"{TEMP_PREFIX}*"):
-            leftover.unlink()
+        folder.remove_leftovers()
         manifest = _prepare(model, reader, out_dir, header, request, old, batch_size, show_progress_bar)
-        if ray_workers is not None and devices:
-            raise ValueError("give devices= (one machine's pool) or ray_workers= (Ray), not both.")
         workers = {"ray_workers": ray_workers} if ray_workers is not None else {"devices": devices}
         _write_shards(model, reader, out_dir, manifest, workers, batch_size, show_progress_bar)
         return manifest
-    finally:
-        lock.close()
 
 
 def _prepare(model, reader, out_dir, header, request, old, batch_size, show_progress_bar) -> dict:
@@ -212,6 +214,7 @@ def _prepare(model, reader, out_dir, header, request, old, batch_size, show_prog
     else:
         sample = BottomKSample(request["size"], request["seed"]) if request and request["source"] == "sample" else None
         scan = scan_corpus(reader, out_dir, sample, show_progress_bar)
+        _check_not_empty(reader, scan)
     context = None if request is None else _resolve_context(model, request, out_dir, old, scan, batch_size)
     manifest = {**header, "context": None if context is None else context.describe(), "scan": scan.to_dict()}
     if old is not None:
@@ -224,6 +227,17 @@ def _prepare(model, reader, out_dir, header, request, old, batch_size, show_prog
     manifest["complete"] = False
     write_manifest(out_dir, manifest)
     return manifest
+
+
+def _check_not_empty(reader: CorpusReader, scan: ScanResult) -> None:
+    where = reader.path if reader.kind == "datasets" else reader.files[0]
+    if scan.records == 0:
+        raise DataError(f"{where}: the corpus has no records (an empty file?); there is nothing to embed.")
+    if scan.valid == 0:
+        raise DataError(
+            f"{where}: none of the corpus's {scan.records} records is valid (skipped: {scan.skipped}); there is "
+            "nothing to embed."
+        )
 
 
 def _encoder(model: Any, context, workers: dict, batch_size: int, normalize: bool):

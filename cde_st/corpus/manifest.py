@@ -1,13 +1,15 @@
 """The manifest of an embedded corpus (``DIR/manifest.json``): what the embeddings are, and which shards are done.
 
 It records what every embedding depends on (the model's identity, the context's fingerprint, the prompt, the
-dimension and the storage dtype), how the corpus was cut (its path, size and the shard size: shard ``k`` holds the
-valid records at stream positions ``[k * shard_size, (k + 1) * shard_size)``), the counts of the corpus scan, and one
-entry per finished shard (file, positions, rows, SHA-256). It is rewritten atomically after each shard, so after a
-crash it lists exactly the shards that are whole; a rerun of the same job writes the others.
+dimension, the storage dtype and the reader's fields), how the corpus was cut (its path, size, SHA-256 and the shard
+size: shard ``k`` holds the valid records at stream positions ``[k * shard_size, (k + 1) * shard_size)``), the
+counts of the corpus scan, and one entry per finished shard (file, positions, rows, SHA-256). It is rewritten
+atomically after each shard, so after a crash it lists exactly the shards that are whole; a rerun of the same job
+writes the others.
 
-A job whose model, context, prompt or cut differs from the one a folder was written with is refused
-(:class:`ForeignOutputError`), naming both fingerprints: a folder of shards never mixes two embedding spaces.
+A job whose model, context, prompt, corpus (content included), reader fields or cut differs from the one a folder
+was written with is refused (:class:`ForeignOutputError`), naming both values: a folder of shards never mixes two
+embedding spaces, nor two versions of a document.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cde_st.corpus.shards import write_atomically
+from cde_st.corpus.shards import DamagedFileError, write_atomically
 
 __all__ = ["FORMAT", "MANIFEST_FILE", "ForeignOutputError", "check_same_job", "read_manifest", "write_manifest"]
 
@@ -32,8 +34,16 @@ _SAME_JOB_FIELDS = (
     (("shard_size",), "shard size"),
     (("corpus", "path"), "corpus"),
     (("corpus", "bytes"), "corpus size in bytes"),
+    (("corpus", "sha256"), "corpus content (SHA-256)"),
+    (("reader", "id_field"), "id field (--id-field)"),
+    (("reader", "text_field"), "text field (--text-field)"),
+    (("reader", "title_field"), "title field (--title-field)"),
+    (("reader", "split"), "split (--split)"),
     (("skip_invalid",), "skip_invalid"),
 )
+#: Recorded since a later version: a folder written before has no value to compare.
+_ADDED_LATER = {path for path, _ in _SAME_JOB_FIELDS if path[0] == "reader" or path == ("corpus", "sha256")}
+_ABSENT = object()
 
 
 class ForeignOutputError(ValueError):
@@ -45,9 +55,16 @@ def read_manifest(folder: str | Path) -> dict[str, Any] | None:
     path = Path(folder) / MANIFEST_FILE
     if not path.is_file():
         return None
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if manifest.get("format") != FORMAT:
-        raise ForeignOutputError(f"{path} is not a cde-st-embed manifest (format {manifest.get('format')!r}).")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # not JSON, or not UTF-8: written atomically, so altered afterwards
+        raise DamagedFileError(
+            f"{path} is not readable JSON ({err}): the folder's manifest is damaged. Restore it, or delete "
+            f"{path.parent} and run cde-st-embed again."
+        ) from None
+    found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+    if found != FORMAT:
+        raise ForeignOutputError(f"{path} is not a cde-st-embed manifest (format {found!r}).")
     return manifest
 
 
@@ -57,9 +74,9 @@ def write_manifest(folder: str | Path, manifest: dict[str, Any]) -> None:
     write_atomically(Path(folder) / MANIFEST_FILE, data)
 
 
-def _get(manifest: dict, path: tuple[str, ...]) -> Any:
+def _get(manifest: dict, path: tuple[str, ...], absent: Any = None) -> Any:
     for key in path:
-        manifest = manifest.get(key) if isinstance(manifest, dict) else None
+        manifest = manifest.get(key, absent) if isinstance(manifest, dict) else absent
     return manifest
 
 
@@ -74,6 +91,14 @@ def _describe(manifest: dict) -> str:
 def check_same_job(folder: str | Path, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Raise :class:`ForeignOutputError` unless ``new`` (this job's header) continues ``old`` (the folder's)."""
     for path, what in _SAME_JOB_FIELDS:
+        if path in _ADDED_LATER and _get(old, path, _ABSENT) is _ABSENT:
+            continue
+        if path == ("corpus", "sha256") and _get(old, path) != _get(new, path):
+            raise ForeignOutputError(
+                f"The corpus {_get(new, ('corpus', 'path'))} changed since {folder} was written: same size, other "
+                f"content (SHA-256 {_get(old, path)} then, {_get(new, path)} now); its shards would mix old and new "
+                "texts. Use another --out folder, or delete this one to start over."
+            )
         if _get(old, path) != _get(new, path):
             raise ForeignOutputError(
                 f"{folder} holds embeddings of another job: its {what} is {_get(old, path)!r}, this run's is "

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -124,6 +125,16 @@ class CorpusReader:
     def files(self) -> list[Path]:
         """The files read, in stream order (one, or the Arrow files of a datasets folder)."""
         return list(self._files)
+
+    def content_digest(self) -> str:
+        """SHA-256 (hex) of the bytes of :attr:`files`, in order: what a resumed job compares, since a file edited
+        in place can keep its size. One sequential read, about a twentieth of the time a scan takes."""
+        digest = hashlib.sha256()
+        for path in self._files:
+            with open(path, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+        return digest.hexdigest()
 
     # ------------------------------------------------------------------ records
     def _resolve_id_field(self, names: Any, where: str) -> str:

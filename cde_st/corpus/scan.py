@@ -17,10 +17,12 @@ from cde_st.corpus.context_sample import BottomKSample
 from cde_st.corpus.duplicate_ids import DuplicateIds
 from cde_st.corpus.readers import CorpusReader
 
-__all__ = ["SCAN_BATCH", "ScanResult", "scan_corpus"]
+__all__ = ["IDS_TABLE", "SCAN_BATCH", "ScanResult", "scan_corpus"]
 
 #: Records per batch of the scan (memory per batch only).
 SCAN_BATCH = 4096
+#: The table of ids seen (in the job's folder), removed after the scan.
+IDS_TABLE = ".ids.sqlite"
 
 
 @dataclass
@@ -68,7 +70,7 @@ def scan_corpus(
     duplicates: list[int] = []
     valid = 0
     bar = tqdm(desc="Scanning corpus", unit=" records", disable=not show_progress_bar)
-    with DuplicateIds(Path(work_dir) / ".ids.sqlite") as seen:
+    with DuplicateIds(Path(work_dir) / IDS_TABLE) as seen:
         for batch in reader.batches(SCAN_BATCH):
             repeated = dict(seen.add_batch(batch.ids, batch.wheres))
             for i, first in repeated.items():

@@ -21,6 +21,7 @@ import numpy as np
 __all__ = [
     "DTYPES",
     "TEMP_PREFIX",
+    "DamagedFileError",
     "fsync_dir",
     "read_shard",
     "shard_bytes",
@@ -31,6 +32,11 @@ __all__ = [
 
 DTYPES = ("float32", "float16", "int8")
 TEMP_PREFIX = ".tmp-"
+
+
+class DamagedFileError(ValueError):
+    """A file of an embedding folder (manifest, shard, index) is missing or damaged; the message names it and how
+    to write it again."""
 
 
 def shard_name(index: int) -> str:
@@ -97,11 +103,28 @@ def shard_bytes(table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def read_shard(path: str | Path) -> tuple[list[str], np.ndarray]:
-    """(ids, (n, d) float32 embeddings) of one shard (int8 shards dequantised with their scale)."""
+def read_shard(path: str | Path, sha256: str | None = None) -> tuple[list[str], np.ndarray]:
+    """(ids, (n, d) float32 embeddings) of one shard (int8 shards dequantised with their scale).
+
+    ``sha256``: the hash the manifest records for the shard; a file that does not match it (or is missing) raises
+    :class:`DamagedFileError`, since parquet reads most flipped bytes of the values without an error.
+    """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
+    path = Path(path)
+    if sha256 is not None:
+        if not path.is_file():
+            raise DamagedFileError(f"Shard {path} is missing. {_REWRITE}")
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise DamagedFileError(
+                f"Shard {path} does not match the SHA-256 its manifest records (it was altered after it was "
+                f"written). {_REWRITE}"
+            )
+        table = pq.read_table(pa.BufferReader(data))
+    else:
+        table = pq.read_table(path)
     ids = table.column("id").to_pylist()
     column = table.column("embedding").combine_chunks()
     dimension = column.type.list_size
@@ -109,3 +132,9 @@ def read_shard(path: str | Path) -> tuple[list[str], np.ndarray]:
     if "scale" in table.column_names:
         values *= table.column("scale").to_numpy()[:, None]
     return ids, values
+
+
+_REWRITE = (
+    "Rerun cde-st-embed with the same arguments to write it again (a missing or damaged shard is written again, "
+    "then the index), or delete the shard first."
+)

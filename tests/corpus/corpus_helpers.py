@@ -37,3 +37,11 @@ def all_rows(out_dir) -> tuple[list[str], np.ndarray]:
     manifest = read_manifest(out_dir)
     parts = [read_shard(Path(out_dir) / entry["file"]) for entry in manifest["shards"]]
     return [i for ids, _ in parts for i in ids], np.concatenate([e for _, e in parts])
+
+
+def as_if_killed(out_dir, keep: int = 1) -> None:
+    """Make a finished folder look like a job killed after its first ``keep`` shards (the manifest lists only them)."""
+    path = Path(out_dir) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["shards"], manifest["complete"] = manifest["shards"][:keep], False
+    path.write_text(json.dumps(manifest))
