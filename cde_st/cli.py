@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from cde_st import training
+from cde_st.backend_options import add_backend_options
 from cde_st.command_line import (
     DEBUG_HELP,
     EXPECTED_ERRORS,
@@ -246,13 +247,7 @@ def _eval_parser() -> argparse.ArgumentParser:
         "(decided from the texts; ids that merely coincide are kept); the rule used and why are printed",
     )
     parser.add_argument("--device", help="torch device (default: sentence-transformers' choice)")
-    parser.add_argument(
-        "--backend",
-        choices=["torch", "onnx"],
-        default="torch",
-        help="onnx: a folder written by `cde-st-convert MODEL OUT --to onnx`, run on ONNX Runtime",
-    )
-    parser.add_argument("--onnx-file", help="with --backend onnx: the graph to run, e.g. second_stage_qint8.onnx")
+    add_backend_options(parser)
     parser.add_argument("--max-seq-length", type=int, help="token limit of the inputs (default: the model's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser

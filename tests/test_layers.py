@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cde_st"
 
 #: Lowest first. A part is a top-level module or subpackage of cde_st.
 LAYERS = [
-    {"coercion", "context", "prompts", "data", "defaults", "atomic_files", "distributed", "text_bounds"},
+    {"backend_options", "coercion", "context", "prompts", "data", "defaults", "atomic_files", "distributed", "text_bounds"},
     {"modules"},
     {"released"},
     {"model", "model_card", "cache_key_warning", "hard_negatives", "command_line"},

@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from cde_st.backend_options import add_backend_options
 from cde_st.command_line import DEBUG_HELP, EXPECTED_ERRORS, CommandParser, debug_wanted, report_error
 from cde_st.corpus.output_folder import FolderBusyError
 from cde_st.corpus.shards import DTYPES
@@ -85,20 +86,9 @@ def _embed_parser() -> argparse.ArgumentParser:
         "--index", choices=("auto", "flat", "ivf", "ivfpq", "none"), default="auto", help="the faiss index to build"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    _add_backend_options(parser)
+    add_backend_options(parser)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     return parser
-
-
-def _add_backend_options(parser: argparse.ArgumentParser, default: str | None = "torch") -> None:
-    parser.add_argument(
-        "--backend",
-        choices=("torch", "onnx"),
-        default=default,
-        help="onnx: a folder written by `cde-st-convert MODEL OUT --to onnx`, run on ONNX Runtime"
-        + ("" if default else " (default: as the manifest records)"),
-    )
-    parser.add_argument("--onnx-file", default=None, help="with --backend onnx: e.g. second_stage_qint8.onnx")
 
 
 def _load(model_name: str, max_seq_length: int | None, backend: str = "torch", onnx_file: str | None = None):
@@ -178,7 +168,7 @@ def _search_parser() -> argparse.ArgumentParser:
         "--max-seq-length", type=_positive_int, default=None, help="default: the one the corpus was embedded with"
     )
     parser.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
-    _add_backend_options(parser, default=None)
+    add_backend_options(parser, default=None, when_unset="as the manifest records")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     return parser
 

@@ -10,6 +10,7 @@ import socket
 import sys
 from functools import partial
 
+from cde_st.backend_options import add_backend_options
 from cde_st.serving import defaults
 
 logger = logging.getLogger("cde_st.serving")
@@ -40,15 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default=None, help="torch device (default: sentence-transformers' choice)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument(
-        "--backend",
-        default=defaults.BACKEND,
-        choices=["torch", "onnx"],
-        help="onnx: run a folder written by `cde-st-convert MODEL OUT --to onnx` on ONNX Runtime",
-    )
-    p.add_argument(
-        "--onnx-file", default=None, help="with --backend onnx: the graph to run, e.g. second_stage_qint8.onnx"
-    )
+    add_backend_options(p)
     _batching_options(p.add_argument_group("batching"))
     _context_options(p.add_argument_group("contexts and replicas"))
     _request_options(p.add_argument_group("requests and connections"))
