@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["BACKENDS", "add_backend_options"]
+__all__ = ["BACKENDS", "add_backend_options", "loading_kwargs"]
 
 #: The backends a command can run a model on (``onnx``: a folder written by ``cde-st-convert MODEL OUT --to onnx``).
 BACKENDS = ("torch", "onnx")
@@ -23,3 +23,11 @@ def add_backend_options(parser: argparse.ArgumentParser, default: str | None = "
     parser.add_argument(
         "--onnx-file", default=None, help="with --backend onnx: the graph to run, e.g. second_stage_qint8.onnx"
     )
+
+
+def loading_kwargs(backend: str = "torch", onnx_file: str | None = None) -> dict:
+    """sentence-transformers' loading arguments for ``backend`` and ``onnx_file`` (the graph, ``model_kwargs``
+    ``file_name``): what every loader of a named model passes."""
+    if onnx_file is not None and backend != "onnx":
+        raise ValueError(f"onnx_file={onnx_file!r} (--onnx-file) needs backend='onnx' (--backend onnx).")
+    return {"backend": backend} | ({"model_kwargs": {"file_name": onnx_file}} if onnx_file is not None else {})

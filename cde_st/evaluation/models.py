@@ -15,6 +15,7 @@ from typing import Any
 
 from sentence_transformers import SentenceTransformer
 
+from cde_st.backend_options import loading_kwargs
 from cde_st.evaluation.model_context import is_contextual_model, model_context_info
 from cde_st.model import ContextualSentenceTransformer
 from cde_st.released import is_released_checkpoint
@@ -33,11 +34,7 @@ def load_model(
     """
     spec = str(name_or_path)
     path = Path(spec).expanduser()
-    if onnx_file is not None and backend != "onnx":
-        raise ValueError(f"onnx_file={onnx_file!r} (--onnx-file) needs backend='onnx' (--backend onnx).")
-    options = {"device": device, "backend": backend}
-    if onnx_file is not None:
-        options["model_kwargs"] = {"file_name": onnx_file}
+    options = {"device": device, **loading_kwargs(backend, onnx_file)}
     if is_released_checkpoint(spec):
         # cde-small-v1/v2 (hub id, short name or a local copy of the released files): native, no remote code
         return ContextualSentenceTransformer(spec, **options)

@@ -32,6 +32,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
 from sentence_transformers.util import batch_to_device
 
+from cde_st.backend_options import loading_kwargs
 from cde_st.context import ContextInfo
 from cde_st.model import ContextualSentenceTransformer, is_contextual
 from cde_st.modules.freshness import first_stage_fingerprint
@@ -94,9 +95,7 @@ def _names_cde_module(name_or_path: str) -> bool:
 def load_model(
     name_or_path: str, device: str | None = None, backend: str = "torch", onnx_file: str | None = None
 ) -> SentenceTransformer:
-    options = {"device": device, "backend": backend}
-    if onnx_file is not None:
-        options["model_kwargs"] = {"file_name": onnx_file}
+    options = {"device": device, **loading_kwargs(backend, onnx_file)}
     if _names_cde_module(name_or_path):
         return ContextualSentenceTransformer(name_or_path, **options)
     return SentenceTransformer(name_or_path, **options)
