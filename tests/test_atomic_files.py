@@ -107,3 +107,49 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
     with pytest.raises(RuntimeError, match="disk full"):
         write_folder_atomically(tmp_path / "m", write)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def umask_027():
+    """A umask other than the usual 022, so a mode that happens to match by default proves nothing."""
+    previous = os.umask(0o027)
+    yield 0o027
+    os.umask(previous)
+
+
+def test_what_a_write_leaves_gets_the_umask_s_mode(tmp_path, umask_027):
+    """tempfile (and safetensors through it) makes 0o600 files and 0o700 folders: another user could then not load
+    a saved model."""
+    import tempfile
+
+    assert atomic_files.umask() == umask_027
+
+    def private_writer(path: str) -> None:  # as safetensors' save_file writes: a 0o600 temporary file renamed
+        handle, temp = tempfile.mkstemp(dir=os.path.dirname(path))
+        os.write(handle, b"weights")
+        os.close(handle)
+        os.replace(temp, path)
+
+    assert stat.S_IMODE(write_atomically(tmp_path / "a.json", "{}").stat().st_mode) == 0o640
+    written = atomic_files.write_path_atomically(tmp_path / "model.safetensors", private_writer, fsync=False)
+    assert written.read_bytes() == b"weights" and stat.S_IMODE(written.stat().st_mode) == 0o640
+
+    def folder_writer(staging):
+        private_writer(str(staging / "model.safetensors"))
+        (staging / "sub").mkdir(mode=0o700)
+
+    folder = write_folder_atomically(tmp_path / "model", folder_writer)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o750  # mkdtemp's 0o700 before
+    assert stat.S_IMODE((folder / "sub").stat().st_mode) == 0o750
+    assert stat.S_IMODE((folder / "model.safetensors").stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "model", "model.safetensors"]
+
+
+def test_a_writer_that_fails_leaves_no_temporary_file(tmp_path):
+    def failing(path: str) -> None:
+        open(path, "wb").close()
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_files.write_path_atomically(tmp_path / "model.safetensors", failing)
+    assert list(tmp_path.iterdir()) == []

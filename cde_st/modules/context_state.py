@@ -28,8 +28,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from cde_st.atomic_files import write_path_atomically
 from cde_st.context import ContextInfo
-from cde_st.modules.integrity import corrupt_file_error
+from cde_st.modules.integrity import check_readable, corrupt_file_error
 from cde_st.modules.warning_location import caller_stacklevel
 
 CONTEXT_FILE = "context.safetensors"
@@ -156,7 +157,9 @@ class ActiveContext(nn.Module):
         context_path = os.path.join(output_path, CONTEXT_FILE)
         if self.vectors is not None:
             metadata = {"texts": json.dumps(self.texts)} if self.texts is not None else None
-            save_file({"vectors": self.vectors.detach().float().cpu().contiguous()}, context_path, metadata=metadata)
+            vectors = {"vectors": self.vectors.detach().float().cpu().contiguous()}
+            # safetensors writes 0o600 files: written atomically with the umask's mode, others can load them too
+            write_path_atomically(context_path, lambda path: save_file(vectors, path, metadata=metadata), fsync=False)
         elif os.path.exists(context_path):
             os.remove(context_path)
 
@@ -190,6 +193,7 @@ def read_context_file(
             f"Restore {CONTEXT_FILE} from where the model was saved, or set context_info to null in "
             f"{os.path.basename(config_path)} to load the model without a context."
         )
+    check_readable(context_path)
     try:
         with safe_open(context_path, framework="pt") as f:
             tensors = {key: f.get_tensor(key) for key in f.keys()}

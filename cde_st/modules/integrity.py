@@ -221,6 +221,19 @@ def check_finite(module: nn.Module, weights: str) -> None:
         )
 
 
+def check_readable(path: str) -> None:
+    """A PermissionError naming ``path`` when this process may not read it. safetensors reports a file it may not
+    open as "No such file or directory", which sends the user looking for a file that is there."""
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError as exc:
+        raise PermissionError(
+            f"{path} cannot be read: permission denied ({exc.strerror}). Ask its owner to make it readable "
+            "(chmod a+r), or load a copy you can read."
+        ) from None
+
+
 def corrupt_file_error(path: str | None, exc: Exception) -> ValueError:
     """The error for a file that exists but cannot be read (an interrupted download or copy)."""
     return ValueError(
@@ -239,6 +252,7 @@ def load_checked_weights(module: nn.Module, weights: str | None, config_path: st
             f"{folder} has no model.safetensors (or pytorch_model.bin) beside {os.path.basename(config_path)}: "
             "the weights are missing. Copy them from where the model was saved."
         )
+    check_readable(weights)
     try:
         if weights.endswith(".safetensors"):
             with safe_open(weights, framework="pt") as f:

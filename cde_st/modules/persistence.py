@@ -22,6 +22,7 @@ from sentence_transformers.util import load_file_path
 from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from cde_st.atomic_files import write_path_atomically
 from cde_st.modules.context_state import CONTEXT_FILE, read_context_file
 from cde_st.modules.contextual_config import CONFIG_FILE, ContextualConfig, legacy_prompts, read_config_file
 from cde_st.modules.integrity import (
@@ -67,7 +68,12 @@ def save_module(module: nn.Module, output_path: str, safe_serialization: bool = 
         # The metadata records what the weights go with (encoder configs, tokenizer size), checked on load.
         stages = {stage: getattr(module, stage).config for stage in STAGES}
         metadata = save_metadata(stages, module.tokenizer)
-        save_model(module, os.path.join(output_path, WEIGHTS_NAMES[0]), metadata=metadata)
+        # safetensors writes 0o600 files: written atomically with the umask's mode, others can load them too
+        write_path_atomically(
+            os.path.join(output_path, WEIGHTS_NAMES[0]),
+            lambda path: save_model(module, path, metadata=metadata),
+            fsync=False,
+        )
         written = [WEIGHTS_NAMES[0]]
     else:
         module.save_torch_weights(output_path, safe_serialization=False)
@@ -134,6 +140,12 @@ def load_module(
         return load_file_path(model_name_or_path, name, **hub)
 
     config_path = find(CONFIG_FILE)
+    folder = os.path.join(model_name_or_path, subfolder)
+    if config_path is None and os.path.isdir(folder) and not os.access(folder, os.R_OK | os.X_OK):
+        raise PermissionError(
+            f"The model folder {folder} cannot be read: permission denied. Ask its owner to make it readable "
+            "(chmod a+rX), or load a copy you can read."
+        )
     if config_path is None:
         raise FileNotFoundError(f"No {CONFIG_FILE} in {model_name_or_path!r}: not a cde_st model.")
     saved = read_config_file(config_path)

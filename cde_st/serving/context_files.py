@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from cde_st.atomic_files import write_atomically
+from cde_st.modules.integrity import check_readable
 from cde_st.serving.context_errors import ContextDamaged
 
 __all__ = ["METADATA_KEY", "PAUSE_ENV", "SUFFIX", "StoredContext", "read", "write"]
@@ -100,6 +101,7 @@ def _test_pause() -> None:
 def read(path: Path, name: str) -> StoredContext:
     """The context stored at ``path`` (named ``name``); :class:`ContextDamaged` naming the fault when the file
     fails a check. An unreadable file (permissions, I/O) raises its OSError."""
+    check_readable(str(path))  # safetensors would report a permission error as a missing file
     try:
         with safe_open(path, framework="pt") as f:
             tensors = {key: f.get_tensor(key) for key in f.keys()}

@@ -431,3 +431,38 @@ def test_converted_released_folder_is_checked_as_a_whole(released_v2, tmp_path):
     _swap_two_ids(converted)
     with pytest.raises(ValueError, match=r"tokenizer\.json .*not written with the other files of this save"):
         _load(converted)
+
+
+def _deny_reading(monkeypatch, path: Path) -> None:
+    """Make ``path`` unreadable to this process: by its mode, and (root reads any file) as the OS answers others."""
+    from cde_st.modules import integrity
+
+    os.chmod(path, 0)
+    if os.geteuid() == 0:
+        real_open = open
+
+        def denied(file, *args, **kwargs):
+            if os.fspath(file) == str(path):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(integrity, "open", denied, raising=False)
+
+
+@pytest.mark.parametrize("name", [WEIGHTS, "context.safetensors"])
+def test_saved_files_get_the_umask_s_mode_and_an_unreadable_one_is_named(name, tiny_bert_dir, tmp_path, monkeypatch):
+    """safetensors writes 0o600 files (another user's load then failed with "No such file or directory"): a save
+    gives them the umask's mode, and a file this process may not read is reported as a permission error."""
+    torch.manual_seed(0)
+    model = ContextualSentenceTransformer.from_encoder(tiny_bert_dir, context_size=4, max_seq_length=32)
+    model.set_context(DOCS, seed=0)
+    previous = os.umask(0o022)
+    try:
+        model.save(str(tmp_path / "cde"))
+    finally:
+        os.umask(previous)
+    for saved in (WEIGHTS, "context.safetensors"):
+        assert (tmp_path / "cde" / saved).stat().st_mode & 0o777 == 0o644, saved
+    _deny_reading(monkeypatch, tmp_path / "cde" / name)
+    with pytest.raises(PermissionError, match=f"{name} cannot be read: permission denied"):
+        ContextualSentenceTransformer(str(tmp_path / "cde"))
