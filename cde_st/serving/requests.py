@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from cde_st.context import SEED_RULE, is_seed
+from cde_st.context import SEED_RULE, distinct_documents, is_seed
 from cde_st.serving.errors import ApiError
 
 INPUT_TYPES = ("query", "document")
@@ -158,6 +158,13 @@ def parse_context(body: dict) -> ContextRequest:
     if not isinstance(documents, list) or not documents:
         raise ApiError(400, "documents is required: a non-empty list of strings.", param="documents")
     documents = [_check_text(text, f"documents[{i}]") for i, text in enumerate(documents)]
+    if not distinct_documents(documents):  # the library's rule: blank documents are dropped from a context
+        raise ApiError(
+            400,
+            "documents holds only blank documents (whitespace only): give at least one with text.",
+            param="documents",
+            code="empty_input",
+        )
     size = body.get("size")
     if size is not None and (not _is_int(size) or size < 1):
         raise ApiError(400, f"size (J) must be a positive integer, got {size!r}.", param="size")

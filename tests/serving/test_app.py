@@ -164,6 +164,7 @@ def test_context_resources(cde_server, cde_model):
         ({"name": "big", "documents": ["a"], "size": CONTEXT_SIZE + 1}, 400, "context_too_large"),
         ({"name": "nodocs", "documents": []}, 400, None),
         ({"name": "baddoc", "documents": ["a", 3]}, 400, "invalid_type"),
+        ({"name": "blank", "documents": [" ", "\n\t"]}, 400, "empty_input"),  # not a 500 from the library
         ({"name": "seed", "documents": ["a"], "seed": -1}, 400, None),
     ],
 )

@@ -80,6 +80,7 @@ def test_a_context_body():
         ("name", None),
         ("documents", []),
         ("documents", "a"),
+        ("documents", [" ", "\n\t"]),  # blank documents are dropped from a context: none would be left
         ("size", 0),
         ("size", 2.5),
         ("seed", -1),
