@@ -125,6 +125,11 @@ def test_every_benchmark_results_file_is_a_page():
     assert not violations, "\n".join(violations)
 
 
+def test_architecture_names_every_module():
+    violations = unnamed_modules(ROOT / "cde_st", (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    assert not violations, f"{len(violations)} module(s) not named:\n" + "\n".join(violations)
+
+
 def test_every_link_between_the_pages_arrives():
     violations = [v for page in linked_pages(ROOT) for v in broken_links(page, ROOT)]
     assert not violations, "\n".join(violations)
