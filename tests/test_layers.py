@@ -21,7 +21,7 @@ LAYERS = [
     {"model", "model_card", "cache_key_warning", "hard_negatives", "command_line"},
     {"batching", "losses", "fast_encode", "export"},
     {"evaluation", "serving", "corpus"},
-    {"training"},
+    {"training", "vector_stores"},
     {"cli", "convert_command"},
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}

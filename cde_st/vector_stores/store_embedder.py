@@ -1,0 +1,47 @@
+"""A model with the one context a store's vectors were made with: embeds documents as ``cde-st-embed`` does and
+queries as ``cde-st-search`` does, so rows a store adds later and the queries it answers share the folder's space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from cde_st.corpus.encoders import DocumentEncoder
+from cde_st.model import is_contextual
+
+__all__ = ["StoreEmbedder"]
+
+
+class StoreEmbedder:
+    """Embeds texts with ``model`` and ``context`` ((J, d) first-stage vectors; None for a plain model).
+
+    Args:
+        model: a ``ContextualSentenceTransformer`` or a plain ``SentenceTransformer``.
+        context: the store's context vectors.
+        normalized: L2-normalise document vectors (as the store's were: ``cde-st-embed --normalize``).
+        batch_size: texts per forward pass.
+    """
+
+    def __init__(self, model: Any, context: np.ndarray | None, normalized: bool = False, batch_size: int = 32):
+        if is_contextual(model) and context is None:
+            raise ValueError("a contextual model needs the store's context vectors.")
+        self.model, self.context, self.normalized, self.batch_size = model, context, normalized, batch_size
+
+    def documents(self, texts: Sequence[str]) -> np.ndarray:
+        """(n, d) float32: what ``cde-st-embed`` stores for these documents (its encoder, prompt and context)."""
+        if not len(texts):
+            return np.zeros((0, int(self.model.get_embedding_dimension())), np.float32)
+        with DocumentEncoder(self.model, self.context, None, self.batch_size, self.normalized) as encoder:
+            return encoder(list(texts))
+
+    def queries(self, texts: Sequence[str]) -> np.ndarray:
+        """(n, d) float32, L2-normalised: the query prompt and the store's context, as ``cde-st-search``."""
+        kwargs: dict[str, Any] = {"batch_size": self.batch_size, "convert_to_numpy": True, "show_progress_bar": False}
+        if is_contextual(self.model):
+            kwargs["context_vectors"] = torch.as_tensor(self.context, dtype=torch.float32)
+        vectors = np.asarray(self.model.encode_query(list(texts), **kwargs), dtype=np.float32)
+        return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
