@@ -8,11 +8,11 @@ is one file, ``STATE_DIR/contexts/NAME.safetensors``, written atomically and che
 (:mod:`cde_st.serving.context_files`).
 
 Replicas. Every write (create, replace, delete) holds an exclusive ``fcntl`` lock on ``STATE_DIR/.write-lock``
-(POSIX record locks: NFS carries them) and ends by replacing ``STATE_DIR/generation``. Each store looks at that
-file's identity (one ``stat``) at most every ``refresh_seconds`` when a context is looked up, and on a change
-re-reads the folder, reading again only the files that changed. So a context written through any replica is
+(POSIX record locks: NFS carries them). Each store looks at the folder at most every ``refresh_seconds`` when a context is looked up: the identity (inode, size, mtime) of every
+file, one ``stat`` each, reading again only the files that changed. So a context written through any replica is
 served by every replica at most ``refresh_seconds`` after its write returned (plus the attribute caching of a
-network file system). Two creates of one name through two replicas: the second to take the lock finds the file
+network file system), and a file changed or removed by anything else (a disk fault, a hand edit, a copy) is noticed
+as soon, by every replica alike: none keeps serving from memory what its file no longer holds. Two creates of one name through two replicas: the second to take the lock finds the file
 and gets :class:`~cde_st.serving.context_errors.ContextExists`. Leftover temporary files of a killed writer are
 removed under the lock (no write is then in flight).
 
@@ -32,7 +32,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from cde_st.atomic_files import TEMP_PREFIX, fsync_dir, write_atomically
+from cde_st.atomic_files import TEMP_PREFIX, fsync_dir
 from cde_st.serving import context_files, defaults
 from cde_st.serving.context_errors import (
     ContextBusy,
@@ -47,7 +47,6 @@ from cde_st.serving.context_errors import (
 from cde_st.serving.context_files import PAUSE_ENV, SUFFIX, StoredContext
 
 __all__ = [
-    "GENERATION_FILE",
     "WRITE_LOCK_FILE",
     "DEFAULT_NAME",
     "NAME_PATTERN",
@@ -62,7 +61,6 @@ logger = logging.getLogger(__name__)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: The name under which a model folder's own saved context is served; no stored context may take it.
 DEFAULT_NAME = "default"
-GENERATION_FILE = "generation"
 WRITE_LOCK_FILE = ".write-lock"
 
 
@@ -113,13 +111,11 @@ class ContextStore:
         self._lock = threading.Lock()  # the maps above; never held across file I/O
         self._writer = threading.Lock()  # this process's writers (POSIX locks do not exclude threads)
         self._lock_fd: int | None = None
-        self._generation: tuple | None = None
         self._checked = 0.0
         if self.folder is not None:
             self._open_state_dir()
             with self._write_lock():
                 self._remove_leftovers()
-                self._generation = _stat_key(self.state_dir / GENERATION_FILE)
                 self._scan()
 
     # ------------------------------------------------------------------ the state directory
@@ -161,29 +157,21 @@ class ContextStore:
                 logger.warning("Removing %s, left by an interrupted context write.", path.name)
                 path.unlink(missing_ok=True)
 
-    def _bump_generation(self) -> None:
-        """Tell the other replicas the folder changed: a new file replaces ``generation`` (a new inode)."""
-        write_atomically(self.state_dir / GENERATION_FILE, uuid.uuid4().hex, fsync=False)
-        # self._generation is left as it was: another replica may have written since this store last read the
-        # folder, so the next refresh reads it again (this write's own file is known and not read twice).
-
     # ------------------------------------------------------------------ reading the folder
     def refresh(self, force: bool = False) -> None:
-        """Pick up what other replicas wrote: at most every ``refresh_seconds`` (always with ``force``), one stat
-        of the generation file, and a re-read of the folder when it changed."""
+        """Pick up what changed in the folder (other replicas' writes, a file damaged or removed by hand): at most
+        every ``refresh_seconds`` (always with ``force``), a stat of each file and a re-read of those that changed.
+        Every file, not only those a server wrote: a replica that started after a file was damaged must not answer
+        otherwise than one that kept the context in memory."""
         if self.folder is None:
             return
         now = time.monotonic()
         if not force and now - self._checked < self.refresh_seconds:
             return
         self._checked = now
-        generation = _stat_key(self.state_dir / GENERATION_FILE)
-        if generation == self._generation:
-            return
         if not self._writer.acquire(blocking=False):  # a local write is in flight; the next lookup re-reads
             return
         try:
-            self._generation = generation
             self._scan()
         finally:
             self._writer.release()
@@ -338,7 +326,6 @@ class ContextStore:
                     )
                 context_files.write(self.folder, context)
                 self._publish(context.name, _stat_key(final), context=context)
-                self._bump_generation()
         finally:
             self.release(context.name)
 
@@ -368,4 +355,3 @@ class ContextStore:
             fsync_dir(self.folder)
             with self._lock:
                 self._forget(name)
-            self._bump_generation()

@@ -212,6 +212,31 @@ def test_replicas_share_one_state_dir(tmp_path):
     assert [c.name for c in b.list()] == []
 
 
+def test_a_file_damaged_or_removed_while_served_is_noticed_alike_by_every_replica(tmp_path):
+    """No write through a server: the generation file is unchanged. A store that kept the context in memory must
+    still notice its file changed (size, mtime, inode), as a store started later does, so replicas agree."""
+    a = ContextStore(tmp_path, "model-a", refresh_seconds=0)
+    b = ContextStore(tmp_path, "model-a", refresh_seconds=0)
+    put(a, context("alpha"))
+    put(a, context("beta", seed=1))
+    for store in (a, b):
+        assert store.get("alpha").fingerprint == "fp-alpha-0"
+    folder = tmp_path / "contexts"
+    _damage(folder / "alpha.safetensors")  # in place: same inode and size, a new mtime
+    (folder / "beta.safetensors").unlink()
+    for store in (a, b, ContextStore(tmp_path, "model-a")):
+        with pytest.raises(ContextDamaged, match="checksum"):
+            store.get("alpha")
+        with pytest.raises(ContextNotFound):
+            store.get("beta")
+    shutil.copy(folder / "alpha.safetensors", tmp_path / "damaged")
+    put(b, context("alpha", seed=2), replace=True)  # repaired through one replica: served by all
+    assert a.get("alpha").seed == 2
+    os.replace(tmp_path / "damaged", folder / "alpha.safetensors")  # a new inode, by hand again
+    with pytest.raises(ContextDamaged):
+        a.get("alpha")
+
+
 def test_two_creates_of_one_name_through_two_replicas_give_one_success(tmp_path):
     a = ContextStore(tmp_path, "model-a", refresh_seconds=0)
     b = ContextStore(tmp_path, "model-a", refresh_seconds=0)

@@ -149,18 +149,22 @@ def test_a_replica_killed_inside_a_write_leaves_old_or_new_never_a_mix(replicas,
 
 
 def test_a_damaged_stored_context_is_answered_as_damaged(replicas, shared_state, cde_dir, start_server):
-    # Damage outside a write (a disk's) bumps no generation: the running replicas keep what they read, and a
-    # replica started afterwards reads the damaged file.
+    # Damage outside a write (a disk's, a hand edit's): the running replicas notice the file changed as a replica
+    # started afterwards reads it, and all answer alike (they once kept serving it from memory).
     assert _create(replicas[0], "fragile", TOPIC_DOCS).status_code == 201
+    assert _embed(replicas[1], "fragile").status_code == 200
     path = shared_state / "contexts" / "fragile.safetensors"
     data = bytearray(path.read_bytes())
     data[-5] ^= 0x7F  # one float of the vectors: still a valid safetensors file
     path.write_bytes(bytes(data))
     second = start_server(cde_dir, *_flags(shared_state))
-    for response in (_embed(second, "fragile"), second.client().get("/v1/contexts/fragile")):
-        assert response.status_code == 409, response.text
-        error = response.json()["error"]
-        assert error["code"] == "context_damaged" and "checksum" in error["message"]
+    for replica in replicas:
+        _until(lambda replica=replica: _embed(replica, "fragile").status_code == 409, "the damage being noticed")
+    for server in (*replicas, second):
+        for response in (_embed(server, "fragile"), server.client().get("/v1/contexts/fragile")):
+            assert response.status_code == 409, response.text
+            error = response.json()["error"]
+            assert error["code"] == "context_damaged" and "checksum" in error["message"]
     assert _create(second, "fragile", TOPIC_DOCS).status_code == 409  # it exists: replace or delete it
     assert _create(second, "fragile", TOPIC_DOCS, replace=True).status_code == 201
     assert np.isfinite(_vectors(_embed(second, "fragile"))).all()
