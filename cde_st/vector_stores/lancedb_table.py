@@ -23,18 +23,18 @@ on ``table.table`` with LanceDB's ``create_index`` for large tables; the record 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cde_st.model import contextual_module, is_contextual
 from cde_st.vector_stores.embedded_folder import EmbeddedFolder
-from cde_st.vector_stores.store_embedder import StoreEmbedder
+from cde_st.vector_stores.folder_changes import FolderChanges, StoreRows
+from cde_st.vector_stores.store_embedder import StoreEmbedder, model_context
 from cde_st.vector_stores.store_record import ForeignStoreError, StoreRecord
 
-__all__ = ["CONTEXT_TABLE_SUFFIX", "RECORD_KEY", "VECTOR_COLUMN", "ContextualLanceTable", "model_context"]
+__all__ = ["CONTEXT_TABLE_SUFFIX", "RECORD_KEY", "VECTOR_COLUMN", "ContextualLanceTable"]
 
 #: The metadata key of the vector field that holds the store record.
 RECORD_KEY = "cde_st:store_record"
@@ -44,18 +44,6 @@ VECTOR_COLUMN = "vector"
 CONTEXT_TABLE_SUFFIX = "__cde_context"
 #: Ids per ``delete`` filter (a long ``IN`` list is one SQL expression).
 _DELETE_CHUNK = 1000
-
-
-def model_context(model: Any) -> np.ndarray | None:
-    """The model's active context as (J, d) float32 vectors (None for a plain model); a contextual model without
-    one is an error that says how to set it."""
-    if not is_contextual(model):
-        return None
-    module = contextual_module(model)
-    module.refresh_context()
-    if module.context_vectors is None:
-        raise ValueError("the model has no active context: call model.set_context(corpus) first, or pass context=.")
-    return module.context_vectors.detach().float().cpu().numpy()
 
 
 def _connect(db: Any):
@@ -241,13 +229,13 @@ class ContextualLanceTable:
     def _upsert(self, rows) -> None:
         self.table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
 
-    def _current(self) -> tuple[dict[str, int], np.ndarray, list[str | None] | None]:
+    def _current(self) -> StoreRows:
         columns = ["id", VECTOR_COLUMN] + (["text"] if "text" in self.table.schema.names else [])
         data = self.table.search().select(columns).limit(None).to_arrow()
         vectors = data.column(VECTOR_COLUMN).combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        texts = data.column("text").to_pylist() if "text" in columns else None
         ids = data.column("id").to_pylist()
-        return {i: n for n, i in enumerate(ids)}, vectors.reshape(len(ids), -1), texts
+        texts = data.column("text").to_pylist() if "text" in columns else None
+        return StoreRows({i: n for n, i in enumerate(ids)}, vectors.reshape(len(ids), self.record.dimension), texts)
 
     def update_from_folder(self, folder: str | Path) -> dict[str, int]:
         """Bring the table level with the embedded folder ``folder`` (after ``cde-st-embed --update``): rows of new
@@ -258,37 +246,18 @@ class ContextualLanceTable:
         Each step is a LanceDB commit (a merge per shard with changes, then the deletes): interrupted, the table is
         part way; the same call again finishes it."""
         source = EmbeddedFolder(folder)
-        self.record.check(source.record(self.model, self.record.model_name), f"LanceDB table {self.table.name!r}")
+        self.record.check(
+            source.record(self.model, self.record.model_name), f"LanceDB table {self.table.name!r}", f"folder {folder}"
+        )
         with_texts = "text" in self.table.schema.names
-        index, vectors, texts = self._current()
-        counts, seen = {"added": 0, "changed": 0, "deleted": 0, "unchanged": 0}, set()
-        for rows in source.rows(with_texts=True if with_texts else False):
-            changed = list(self._changes(rows, index, vectors, texts, counts))
-            seen.update(rows.ids)
-            if changed:
-                picked = rows.vectors[changed]
-                new_texts = [rows.texts[n] for n in changed] if with_texts else None
-                self._upsert(_rows(self.table.schema, [rows.ids[n] for n in changed], picked, new_texts))
-        gone = [i for i in index if i not in seen]
-        self.delete(gone)
-        counts["deleted"] = len(gone)
-        return counts
-
-    @staticmethod
-    def _changes(rows, index, vectors, texts, counts) -> Iterator[int]:
-        """Positions in ``rows`` of the rows to write (new or changed), counting each kind in ``counts``."""
-        for n, doc_id in enumerate(rows.ids):
-            row = index.get(doc_id)
-            if row is None:
-                counts["added"] += 1
-                yield n
-            elif not np.array_equal(vectors[row], rows.vectors[n]) or (
-                texts is not None and texts[row] != rows.texts[n]
-            ):
-                counts["changed"] += 1
-                yield n
-            else:
-                counts["unchanged"] += 1
+        current, changes = self._current(), FolderChanges()
+        for rows in source.rows(with_texts=with_texts):
+            picked = changes.to_write(rows, current)
+            if picked:
+                texts = [rows.texts[n] for n in picked] if with_texts else None
+                self._upsert(_rows(self.table.schema, [rows.ids[n] for n in picked], rows.vectors[picked], texts))
+        self.delete(changes.deleted_ids(current))
+        return changes.counts
 
     def __len__(self) -> int:
         return self.table.count_rows()

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from cde_st.corpus.encoders import DocumentEncoder
-from cde_st.model import is_contextual
+from cde_st.model import contextual_module, is_contextual
 
-__all__ = ["StoreEmbedder"]
+__all__ = ["StoreEmbedder", "model_context"]
 
 
 class StoreEmbedder:
@@ -45,3 +45,15 @@ class StoreEmbedder:
             kwargs["context_vectors"] = torch.as_tensor(self.context, dtype=torch.float32)
         vectors = np.asarray(self.model.encode_query(list(texts), **kwargs), dtype=np.float32)
         return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+
+
+def model_context(model: Any) -> np.ndarray | None:
+    """The model's active context as (J, d) float32 vectors (None for a plain model); a contextual model without
+    one is an error that says how to set it."""
+    if not is_contextual(model):
+        return None
+    module = contextual_module(model)
+    module.refresh_context()
+    if module.context_vectors is None:
+        raise ValueError("the model has no active context: call model.set_context(corpus) first, or pass context=.")
+    return module.context_vectors.detach().float().cpu().numpy()

@@ -151,9 +151,9 @@ class StoreRecord:
             f"{self.context_fingerprint or 'none'}"
         )
 
-    def check(self, other: StoreRecord, where: str) -> None:
-        """Raise :class:`ForeignStoreError` unless ``other`` (the model and context given now) makes the vectors
-        this record (the store's, at ``where``) describes; the message names both values."""
+    def check(self, other: StoreRecord, where: str, given: str = "the model and context given") -> None:
+        """Raise :class:`ForeignStoreError` unless ``other`` (the model and context given now; ``given`` says what
+        it is) makes the vectors this record (the store's, at ``where``) describes; the message names both values."""
         for name, what in (
             ("model_fingerprint", "model fingerprint"),
             ("context_fingerprint", "context fingerprint"),
@@ -165,8 +165,8 @@ class StoreRecord:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 raise ForeignStoreError(
-                    f"{where} holds vectors made with {what} {mine!r}; the model and context given have {what} "
-                    f"{theirs!r}. The store has: {self.describe()}; given: {other.describe()}. Queries would not "
+                    f"{where} holds vectors made with {what} {mine!r}; {given}: {what} {theirs!r}. The store has: "
+                    f"{self.describe()}; {given}: {other.describe()}. Queries would not "
                     "land in the store's embedding space: open it with the model and context that made it."
                 )
 
