@@ -17,6 +17,7 @@ __all__ = [
     "CONTEXT_REFRESH_S",
     "DRAIN_TIMEOUT_S",
     "FORWARD_OVERHEAD_TOKENS",
+    "HEAD_TIMEOUT_S",
     "HOST",
     "KEEP_ALIVE_S",
     "MAX_BATCH_SIZE",
@@ -24,6 +25,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_BODY_MB",
     "MAX_CONNECTIONS",
+    "MAX_CONNECTIONS_PER_PEER",
     "MAX_CONNECTION_AGE_S",
     "MAX_INPUTS",
     "MAX_QUEUE",
@@ -74,8 +76,12 @@ MAX_BODY_MB = 32.0
 MAX_BODY_BYTES = int(MAX_BODY_MB * MIB)
 #: Open connections and requests beyond which new ones get 503 at once.
 MAX_CONNECTIONS = 1000
+#: Connections one client address may hold (None: half of MAX_CONNECTIONS), so one client cannot keep all others out.
+MAX_CONNECTIONS_PER_PEER: int | None = None
 #: Time a connection has to send a whole request after it opens or after the previous answer, in seconds.
 READ_TIMEOUT_S = 30.0
+#: Time it has to send the request's head (request line and headers), in seconds: an idle socket frees its slot soon.
+HEAD_TIMEOUT_S = 5.0
 #: An idle connection is closed after this many seconds.
 KEEP_ALIVE_S = 5
 #: Answers on one keep-alive connection (nginx's keepalive_requests), so clients spread over --workers processes.

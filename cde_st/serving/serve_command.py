@@ -154,6 +154,21 @@ def _request_options(p) -> None:  # an argument group of the parser
         f"(default {defaults.MAX_CONNECTIONS})",
     )
     p.add_argument(
+        "--max-connections-per-peer",
+        type=COUNT,
+        default=defaults.MAX_CONNECTIONS_PER_PEER,
+        help="connections one client address may hold; past it its new ones are closed as they open, so one client "
+        "cannot keep the others out (default: half of --max-connections; behind a proxy, whose connections all "
+        "come from one address, give --max-connections)",
+    )
+    p.add_argument(
+        "--head-timeout-s",
+        type=Number(float, above=0),
+        default=defaults.HEAD_TIMEOUT_S,
+        help="time a connection has to send its request's head (request line and headers) after it opens or after "
+        f"the previous answer; past it the connection is closed (default {defaults.HEAD_TIMEOUT_S:g})",
+    )
+    p.add_argument(
         "--read-timeout-s",
         type=Number(float, above=0),
         default=defaults.READ_TIMEOUT_S,
@@ -255,7 +270,13 @@ def main(argv: list[str] | None = None) -> None:
         log_level=args.log_level,
         log_config=None,  # uvicorn's loggers go through the handler above, request id included
         access_log=args.access_log,
-        http=read_timeout_protocol(args.read_timeout_s, args.max_requests_per_connection, args.max_connection_age_s),
+        http=read_timeout_protocol(
+            args.read_timeout_s,
+            args.max_requests_per_connection,
+            args.max_connection_age_s,
+            head_timeout=args.head_timeout_s,
+            max_per_peer=args.max_connections_per_peer or max(1, args.max_connections // 2),
+        ),
         limit_concurrency=args.max_connections,
         timeout_keep_alive=args.keep_alive_s,
         timeout_graceful_shutdown=10,

@@ -38,6 +38,8 @@ def test_the_options_defaults_are_the_constants():
         "max_body_mb": defaults.MAX_BODY_MB,
         "max_connections": defaults.MAX_CONNECTIONS,
         "read_timeout_s": defaults.READ_TIMEOUT_S,
+        "head_timeout_s": defaults.HEAD_TIMEOUT_S,
+        "max_connections_per_peer": defaults.MAX_CONNECTIONS_PER_PEER,
         "keep_alive_s": defaults.KEEP_ALIVE_S,
         "max_requests_per_connection": defaults.MAX_REQUESTS_PER_CONNECTION,
         "max_connection_age_s": defaults.MAX_CONNECTION_AGE_S,
@@ -57,6 +59,7 @@ def test_the_help_texts_state_the_defaults():
         ("--context-cache-mb", f"{defaults.CONTEXT_CACHE_MB:g} MiB"),
         ("--max-inputs", defaults.MAX_INPUTS),
         ("--drain-timeout-s", f"{defaults.DRAIN_TIMEOUT_S:g}"),
+        ("--head-timeout-s", f"{defaults.HEAD_TIMEOUT_S:g}"),
     ]:
         assert f"(default {value}" in helps[option], (option, helps[option])
 
@@ -95,3 +98,4 @@ def test_the_apps_and_the_draining_servers_defaults_are_the_commands():
     assert {f.name for f in dataclasses.fields(Settings)} == {"api_key", *from_command}  # none left unchecked
     assert _default(DrainingServer, "drain_timeout") == args.drain_timeout_s
     assert ReadTimeoutH11Protocol.read_timeout == args.read_timeout_s
+    assert ReadTimeoutH11Protocol.head_timeout == args.head_timeout_s
