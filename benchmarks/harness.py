@@ -27,16 +27,19 @@ from typing import Any
 __all__ = [
     "REPO",
     "RESULT",
+    "Stopwatch",
     "command_line",
     "emit_result",
     "environment",
     "format_value",
     "free_memory",
     "load_average",
+    "load_averages",
     "log",
     "markdown_table",
     "parse_result",
     "sync",
+    "timed_call",
     "timed_calls",
     "warm_up",
     "write_json",
@@ -52,12 +55,19 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def load_averages() -> list[float] | None:
+    """The 1/5/15-minute load average as numbers for a results file (``[1.2, 0.9, 0.7]``); None where the system
+    has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def load_average() -> str:
     """The 1/5/15-minute load average (``"1.20 / 0.90 / 0.70"``): every timing says how busy the machine was."""
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
+    loads = load_averages()
+    return "n/a" if loads is None else " / ".join(f"{x:.2f}" for x in loads)
 
 
 def sync(device: Any) -> None:
@@ -94,6 +104,39 @@ def timed_calls(fn: Callable[[], Any], repeats: int = 1, *, device: Any = "cpu")
         sync(device)
         seconds.append(time.perf_counter() - start)
     return seconds, value
+
+
+def timed_call(fn: Callable[[], Any], *, device: Any = "cpu") -> tuple[float, Any]:
+    """Wall seconds of one call of ``fn`` (the device waited for) and its return value."""
+    seconds, value = timed_calls(fn, 1, device=device)
+    return seconds[0], value
+
+
+class Stopwatch:
+    """Wall seconds (``time.perf_counter``) for what a call cannot wrap: one awaited request among many, a loop that
+    runs until a deadline. Running from its creation; ``with Stopwatch() as watch:`` restarts it on entry and stops
+    it on exit, so that ``watch.seconds`` is the block's time::
+
+        with Stopwatch() as watch:
+            response = await client.post(url, json=body)
+        latencies.append(watch.seconds)
+    """
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.stopped: float | None = None
+
+    def __enter__(self) -> Stopwatch:
+        self.started, self.stopped = time.perf_counter(), None
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stopped = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        """Seconds from the start to the stop, or to now while it runs."""
+        return (time.perf_counter() if self.stopped is None else self.stopped) - self.started
 
 
 def _version(package: str) -> str:

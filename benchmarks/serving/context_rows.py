@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import os
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
+from harness import Stopwatch, command_line, load_average, write_json  # benchmarks/: on the path bench_serving.py sets
 
 from cde_st.data import document_text
 
@@ -53,24 +53,25 @@ async def rotating_load(url: str, texts: list[str], contexts: list[str], clients
     counter = 0
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
-        start = time.perf_counter()
+        elapsed = Stopwatch()
 
         def going() -> bool:
-            return not until.done() if until is not None else time.perf_counter() - start < seconds
+            return not until.done() if until is not None else elapsed.seconds < seconds
 
         async def worker() -> None:
             nonlocal counter
             while going():
                 k, counter = counter, counter + 1
-                t0 = time.perf_counter()
-                response = await client.post(
-                    "/v1/embeddings", json=_body(texts[k % len(texts)], contexts[k % len(contexts)])
-                )
-                latencies.append(time.perf_counter() - t0)
+                with Stopwatch() as request:
+                    response = await client.post(
+                        "/v1/embeddings", json=_body(texts[k % len(texts)], contexts[k % len(contexts)])
+                    )
+                latencies.append(request.seconds)
                 response.raise_for_status()
 
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        return len(latencies), time.perf_counter() - start, latencies
+        with elapsed:
+            await asyncio.gather(*(worker() for _ in range(clients)))
+        return len(latencies), elapsed.seconds, latencies
 
 
 def _metric(url: str, name: str) -> float:
@@ -116,7 +117,7 @@ def many_contexts(servers: dict, queries: list[str], names: list[str], args) -> 
             total["seconds"] += elapsed
             total["latencies"] += latencies
             total["forwards"] += _metric(url, "cde_st_batch_size_texts_count") - forwards
-        print(f"many contexts: round {round_ + 1}/{args.rounds}, load average {os.getloadavg()[0]:.1f}", flush=True)
+        print(f"many contexts: round {round_ + 1}/{args.rounds}, load average {load_average()}", flush=True)
     rows = []
     for (budget, label), total in totals.items():
         p50, p99 = (float(np.percentile(total["latencies"], q) * 1000) for q in (50, 99))
@@ -140,14 +141,14 @@ async def _with_creation(url: str, queries: list[str], docs: list[str], seed: in
     # this process's event loop (the clients' own latency) while it is encoded.
     content = json.dumps(body).encode("utf-8")
     headers = {"Content-Type": "application/json"}
-    t0 = time.perf_counter()
+    watch = Stopwatch()
     creation = asyncio.ensure_future(
         asyncio.to_thread(httpx.post, url + "/v1/contexts", content=content, headers=headers, timeout=1200)
     )
     await asyncio.sleep(0)
     done, elapsed, latencies = await rotating_load(url, queries, ["ctx-001"], args.creation_clients, 0, creation)
     (await creation).raise_for_status()
-    return latencies, time.perf_counter() - t0
+    return latencies, watch.seconds
 
 
 def creation(server, queries: list[str], args) -> list[dict]:
@@ -162,7 +163,7 @@ def creation(server, queries: list[str], args) -> list[dict]:
         base = asyncio.run(rotating_load(server.url, queries, ["ctx-001"], args.creation_clients, seconds))[2]
         latencies["without a creation"] += base
         print(f"creation: round {round_ + 1}/{args.rounds} ({seconds:.0f} s), load average "
-              f"{os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+              f"{load_average()}", flush=True)  # fmt: skip
     rows = []
     for label, values in latencies.items():
         p50, p99 = (float(np.percentile(values, q) * 1000) for q in (50, 99))
@@ -209,9 +210,9 @@ def run(folder: Path, work: Path, server_class, queries: list[str], args) -> Non
             flags = [*common, "--context-cache-mb", str(budget)]
             servers[budget] = server_class(folder, work / f"server-cache{budget}.log", args.max_batch_size,
                                            args.max_wait_ms, extra=flags)  # fmt: skip
-        t0 = time.perf_counter()
+        watch = Stopwatch()
         names = create_contexts(servers[4096].url, corpus(200), args.contexts, args.context_docs)
-        print(f"made {len(names)} contexts in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"made {len(names)} contexts in {watch.seconds:.0f} s", flush=True)
         time.sleep(1)  # the other replica sees them within its refresh interval
         rows = []
         if "many" in args.rows:
@@ -223,7 +224,7 @@ def run(folder: Path, work: Path, server_class, queries: list[str], args) -> Non
     finally:
         for server in servers.values():
             server.stop()
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    print(f"load average at the end {load_average()}")
     out = work / f"results-contexts-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"args": vars(args), "results": rows}, indent=1))
+    write_json(out, {"command": command_line(), "args": vars(args), "results": rows})
     print(f"wrote {out}")
