@@ -68,11 +68,12 @@ class EmbeddedFolder:
         """The folder's context vectors (None for a plain model), checked against the manifest's fingerprint."""
         if self.context_fingerprint is None:
             return None
-        vectors = read_context_file(self.path / CONTEXT_FILE).vectors
+        path = self.path / self.manifest.get("context_file", CONTEXT_FILE)  # a later version names its own file
+        vectors = read_context_file(path).vectors
         if fingerprint_array(vectors) != self.context_fingerprint:
             raise ForeignStoreError(
-                f"{self.path / CONTEXT_FILE} holds context fingerprint {fingerprint_array(vectors)}; the folder's "
-                f"manifest records {self.context_fingerprint}. The folder is damaged: rerun cde-st-embed."
+                f"{path} holds context fingerprint {fingerprint_array(vectors)}; the folder's manifest records "
+                f"{self.context_fingerprint}. The folder is damaged: rerun cde-st-embed."
             )
         return vectors
 

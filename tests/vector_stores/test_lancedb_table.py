@@ -195,3 +195,31 @@ def test_a_plain_model_needs_no_context(tiny_plain_model, corpus, tmp_path):
     assert store.record.context_fingerprint is None
     hits = ContextualLanceTable.open(tmp_path / "db", "plain", tiny_plain_model).search(QUERY, k=3)
     assert [h["id"] for h in hits] == [i for i, _ in search_index(folder, tiny_plain_model, [QUERY], k=3)[0]]
+
+
+def test_from_folder_with_another_model_makes_nothing(embedded, make_tiny_cde, tmp_path):
+    import lancedb
+
+    with pytest.raises(ForeignStoreError, match="was embedded by model"):
+        ContextualLanceTable.from_folder(tmp_path / "db", "notes", embedded, make_tiny_cde(context_size=8, seed=1))
+    assert lancedb.connect(str(tmp_path / "db")).list_tables().tables == []
+
+
+def test_a_second_table_of_the_same_name_is_refused_and_the_first_kept(embedded, tiny_cde, corpus, tmp_path):
+    first = ContextualLanceTable.from_folder(tmp_path / "db", "notes", embedded, tiny_cde)
+    other = embed(tiny_cde, corpus, tmp_path / "other-emb", seed=1)
+    with pytest.raises(ValueError, match="already exists"):
+        ContextualLanceTable.from_folder(tmp_path / "db", "notes", other, tiny_cde)
+    reopened = ContextualLanceTable.open(tmp_path / "db", "notes", tiny_cde)
+    assert reopened.record == first.record and np.array_equal(reopened.context, first.context)
+
+
+def test_bad_arguments_are_refused(embedded, tiny_cde, tmp_path):
+    store = ContextualLanceTable.from_folder(tmp_path / "db", "notes", embedded, tiny_cde)
+    with pytest.raises(ValueError, match="2 ids for 1 texts"):
+        store.add(["a", "b"], ["one text"])
+    with pytest.raises(ValueError, match="ids repeat"):
+        store.add(["a", "a"], ["one", "two"])
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        store.search(QUERY, k=0)
+    assert len(store) == len(DOCS)
