@@ -55,7 +55,7 @@ def _embed_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--context-size", type=_positive_int, default=None, help="J of a sampled context (default: the model's)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="the context sample's seed")
+    parser.add_argument("--seed", type=int, default=None, help="the context sample's seed (default: 0)")
     parser.add_argument(
         "--devices", default=None, help="one process per device, comma-separated: cpu,cpu or cuda:0,cuda:1"
     )
@@ -67,24 +67,45 @@ def _embed_parser() -> argparse.ArgumentParser:
         help="embed with Ray Data on this many model actors (needs the distributed extra)",
     )
     parser.add_argument(
-        "--shard-size", type=_positive_int, default=10_000, help="records per shard (the unit of resumption)"
+        "--shard-size", type=_positive_int, default=None, help="records per shard, the unit of resumption (10000)"
     )
     parser.add_argument("--batch-size", type=_positive_int, default=32)
     parser.add_argument(
         "--max-seq-length", type=_positive_int, default=None, help="truncate documents to this many tokens"
     )
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="the stored embedding type")
+    parser.add_argument("--dtype", choices=DTYPES, default=None, help="the stored embedding type (float32)")
     parser.add_argument("--normalize", action="store_true", help="L2-normalise the stored embeddings")
     parser.add_argument(
         "--skip-invalid", action="store_true", help="leave bad records out (counted) instead of failing"
     )
     parser.add_argument("--id-field", default=None, help="the id column (default: _id, else id)")
-    parser.add_argument("--text-field", default="text")
-    parser.add_argument("--title-field", default="title", help="a title put before the text ('' for none)")
+    parser.add_argument("--text-field", default=None, help="the text column (default: text)")
+    parser.add_argument("--title-field", default=None, help="a title put before the text (default: title; '' for none)")
     parser.add_argument("--split", default=None, help="the split of a DatasetDict folder")
     parser.add_argument(
-        "--index", choices=("auto", "flat", "ivf", "ivfpq", "none"), default="auto", help="the faiss index to build"
+        "--index",
+        choices=("auto", "flat", "ivf", "ivfpq", "none"),
+        default=None,
+        help="the faiss index to build (default: auto; an update keeps the folder's kind)",
     )
+    version = parser.add_mutually_exclusive_group()
+    version.add_argument(
+        "--update",
+        action="store_true",
+        help="bring --out up to date with CORPUS: embed added and changed documents with the folder's context, "
+        "drop deleted ones",
+    )
+    version.add_argument(
+        "--recontextualize",
+        action="store_true",
+        help="sample a new context from CORPUS (--context-size, --seed) and embed everything again into --out",
+    )
+    version.add_argument(
+        "--drift",
+        action="store_true",
+        help="print how far the corpus in --out has moved from the documents its context was made from",
+    )
+    parser.add_argument("--json", action="store_true", help="with --drift: print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_backend_options(parser)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
@@ -119,29 +140,36 @@ def embed_run(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _reader_options(args: argparse.Namespace) -> dict:
+    """The reader fields given on the command line (a title field of '' is no title)."""
+    given = {"id_field": args.id_field, "text_field": args.text_field, "split": args.split}
+    given = {key: value for key, value in given.items() if value is not None}
+    if args.title_field is not None:
+        given["title_field"] = args.title_field or None
+    return given
+
+
 def _embed(args: argparse.Namespace) -> None:
     from cde_st.corpus.index import build_index
     from cde_st.corpus.job import embed_corpus
 
+    if args.drift:
+        return _print_drift(args)
+    if args.update or args.recontextualize:
+        return _new_version(args)
     model = _load(args.model, args.max_seq_length, args.backend, args.onnx_file)
-    local = Path(args.model).expanduser()
+    reader_options = {"id_field": None, "text_field": "text", "title_field": "title", "split": None}
     options = {
-        # cde-st-search loads the model the manifest names: a folder by its absolute path, from any directory.
-        "model_name": str(local.resolve()) if local.exists() else args.model,
+        "model_name": _model_name(args.model),
         "context": args.context,
         "context_size": args.context_size,
-        "seed": args.seed,
-        "shard_size": args.shard_size,
+        "seed": args.seed or 0,
+        "shard_size": args.shard_size or 10_000,
         "batch_size": args.batch_size,
-        "dtype": args.dtype,
+        "dtype": args.dtype or "float32",
         "normalize": args.normalize,
         "skip_invalid": args.skip_invalid,
-        "reader_options": {
-            "id_field": args.id_field,
-            "text_field": args.text_field,
-            "title_field": args.title_field or None,
-            "split": args.split,
-        },
+        "reader_options": {**reader_options, **_reader_options(args)},
         "show_progress_bar": not args.quiet,
     }
     devices = args.devices.split(",") if args.devices else None
@@ -152,7 +180,84 @@ def _embed(args: argparse.Namespace) -> None:
         f"{(manifest['context'] or {}).get('fingerprint', 'none')}; skipped: {manifest['scan']['skipped'] or 'none'})."
     )
     if args.index != "none":
-        build_index(args.out, kind=args.index, show_progress_bar=not args.quiet)
+        build_index(args.out, kind=args.index or "auto", show_progress_bar=not args.quiet)
+
+
+def _model_name(model: str) -> str:
+    # cde-st-search loads the model the manifest names: a folder by its absolute path, from any directory.
+    local = Path(model).expanduser()
+    return str(local.resolve()) if local.exists() else model
+
+
+def _new_version(args: argparse.Namespace) -> None:
+    """--update or --recontextualize: a new version of the folder, switched to at once."""
+    from cde_st.corpus.update import recontextualize_corpus, update_corpus
+
+    flag = "--update" if args.update else "--recontextualize"
+    refused = {"--context": args.context}
+    if args.update:
+        refused.update({"--context-size": args.context_size, "--seed": args.seed})
+    given = [name for name, value in refused.items() if value is not None]
+    if given:
+        why = (
+            "an update embeds with the context recorded in the folder (--recontextualize samples a new one)"
+            if args.update
+            else "a new context is sampled from CORPUS (--context-size, --seed)"
+        )
+        raise ValueError(f"{', '.join(given)} cannot be given with {flag}: {why}.")
+    model = _load(args.model, args.max_seq_length, args.backend, args.onnx_file)
+    options = {
+        "model_name": _model_name(args.model),
+        "batch_size": args.batch_size,
+        "devices": args.devices.split(",") if args.devices else None,
+        "ray_workers": args.ray,
+        "reader_options": _reader_options(args),
+        "settings": {
+            "dtype": args.dtype,
+            "shard_size": args.shard_size,
+            "normalized": args.normalize or None,
+            "skip_invalid": args.skip_invalid or None,
+        },
+        "index": args.index,
+        "show_progress_bar": not args.quiet,
+    }
+    if args.update:
+        manifest = update_corpus(model, args.corpus, args.out, **options)
+    else:
+        manifest = recontextualize_corpus(model, args.corpus, args.out, args.context_size, args.seed, **options)
+    last = manifest["history"][-1]
+    print(
+        f"{'Updated' if args.update else 'Re-contextualised'} {args.out} to version {manifest['generation']}: "
+        f"{last['added']:,} added, {last['changed']:,} changed, {last['deleted']:,} deleted, "
+        f"{last['unchanged']:,} unchanged; {manifest['counts']['embedded']:,} documents (context fingerprint "
+        f"{(manifest['context'] or {}).get('fingerprint', 'none')})."
+    )
+    _print_drift(args, quiet_if_none=True)
+
+
+def _print_drift(args: argparse.Namespace, quiet_if_none: bool = False) -> None:
+    """The folder's drift (from its manifest: the model is not loaded), and whether CORPUS is newer than it."""
+    from cde_st.corpus.drift import corpus_drift
+    from cde_st.corpus.manifest import read_manifest
+    from cde_st.corpus.readers import CorpusReader
+
+    if not Path(args.out).is_dir() or read_manifest(args.out) is None:
+        raise FileNotFoundError(f"{args.out}: no cde-st-embed folder (no manifest.json); run cde-st-embed first.")
+    manifest = read_manifest(args.out)
+    drift = corpus_drift(args.out)
+    reader = CorpusReader(args.corpus, **(manifest.get("reader") or {}))
+    behind = reader.content_digest() != manifest["corpus"].get("sha256")
+    if args.json:
+        record = {"folder": str(args.out), "generation": manifest.get("generation", 0), "corpus_changed": behind}
+        print(json.dumps({**record, "drift": None if drift is None else drift.to_dict()}))
+        return
+    if drift is None:
+        if not quiet_if_none:
+            print(f"{args.out} has no drift reference (a plain model, or a folder made before drift was measured).")
+    else:
+        print(drift.message())
+    if behind:
+        print(f"{args.corpus} changed since {args.out} was last written: --update brings it up to date.")
 
 
 def _search_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,7 @@ __all__ = [
     "CORPUS_METADATA_KEY",
     "CONTEXT_FILE",
     "CorpusContext",
+    "context_path",
     "embed_sampled_context",
     "given_context",
     "read_context_file",
@@ -43,6 +44,12 @@ CONTEXT_FILE = "context.safetensors"
 SERVE_METADATA_KEY = "cde_st_serving_context"
 #: The metadata key of the context file a job keeps (:meth:`CorpusContext.save`).
 CORPUS_METADATA_KEY = "cde_st_corpus"
+
+
+def context_path(folder: str | Path, manifest: dict[str, Any]) -> Path:
+    """The context file of the version ``manifest`` describes (``context.safetensors``, or ``context.v{g}.safetensors``
+    after a new context was sampled: :mod:`cde_st.corpus.versions`)."""
+    return Path(folder) / manifest.get("context_file", CONTEXT_FILE)
 
 
 @dataclass

@@ -25,10 +25,12 @@ import torch
 from tqdm.auto import tqdm
 
 from cde_st.context import fingerprint_array
-from cde_st.corpus.corpus_context import CONTEXT_FILE, read_context_file
+from cde_st.corpus.corpus_context import context_path, read_context_file
+from cde_st.corpus.drift import RESAMPLE_ADVISED, manifest_drift
 from cde_st.corpus.fingerprints import model_fingerprint
 from cde_st.corpus.manifest import ForeignOutputError, read_manifest, write_manifest
 from cde_st.corpus.shards import DamagedFileError, read_shard, write_atomically
+from cde_st.corpus.versions import versioned_name
 from cde_st.model import is_contextual
 
 __all__ = [
@@ -39,7 +41,9 @@ __all__ = [
     "IVF_FLAT_MAX",
     "build_index",
     "choose_index",
+    "keeps_quantiser",
     "search_index",
+    "write_index",
 ]
 
 INDEX_FILE = "index.faiss"
@@ -90,23 +94,53 @@ def _training_sample(folder: Path, shards: list[dict], size: int, seed: int) -> 
 
 def build_index(out_dir: str | Path, kind: str = "auto", seed: int = 0, show_progress_bar: bool = True) -> dict:
     """Build the faiss index of a finished embedding folder, save it beside the manifest (``index.faiss`` and the
-    ids in ``index_ids.parquet``) and record it in the manifest; return that record."""
-    import faiss
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    ids in ``index_ids.parquet``; ``.v{g}`` names in a later version) and record it in the manifest; return that
+    record."""
     folder = Path(out_dir)
     manifest = read_manifest(folder)
     if manifest is None or not manifest.get("complete"):
         raise ValueError(f"{folder}: no finished embedding job (run cde-st-embed to the end first).")
-    n, dimension, shards = manifest["counts"]["embedded"], manifest["dimension"], manifest["shards"]
+    manifest["index"] = write_index(folder, manifest, kind, seed, show_progress_bar)
+    write_manifest(folder, manifest)
+    return manifest["index"]
+
+
+def write_index(
+    folder: Path,
+    manifest: dict,
+    kind: str = "auto",
+    seed: int = 0,
+    show_progress_bar: bool = True,
+    previous: dict | None = None,
+) -> dict:
+    """Build the index of the shards ``manifest`` lists (which need not be the folder's live manifest yet: an update
+    builds the index of its new version before switching to it), write its files under the version's names and
+    return the manifest's record of it.
+
+    ``previous``: the record of the index of the version before, whose trained quantiser (IVF centroids, PQ
+    codebooks) is kept when it still fits (:func:`keeps_quantiser`); the vectors are added again either way, in
+    the version's row order."""
+    import faiss
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n, dimension, shards = sum(e["rows"] for e in manifest["shards"]), manifest["dimension"], manifest["shards"]
     if n == 0:
         raise ValueError(f"{folder}: the corpus has no embedded document to index.")
     choice = choose_index(n, dimension, kind)
     print(f"Index: {choice['kind']} ({choice['factory']}) for {n:,} vectors of dimension {dimension}.")
-    index = faiss.index_factory(dimension, choice["factory"], faiss.METRIC_INNER_PRODUCT)
-    if not index.is_trained:
-        index.train(_training_sample(folder, shards, TRAIN_PER_LIST * choice["nlist"], seed))
+    quantiser = "none"
+    if previous is not None and keeps_quantiser(previous, choice, manifest):
+        index = faiss.read_index(str(folder / previous["file"]))
+        index.reset()  # the vectors go, the trained centroids (and codebooks) stay
+        choice = {**choice, **{key: previous[key] for key in ("factory", "nlist", "nprobe")}}
+        quantiser = "kept"
+    else:
+        index = faiss.index_factory(dimension, choice["factory"], faiss.METRIC_INNER_PRODUCT)
+        if not index.is_trained:
+            index.train(_training_sample(folder, shards, TRAIN_PER_LIST * choice["nlist"], seed))
+            quantiser = "trained"
+    if hasattr(index, "nprobe"):
         index.nprobe = choice["nprobe"]
     ids: list[str] = []
     for entry in tqdm(shards, desc="Indexing shards", disable=not show_progress_bar):
@@ -114,13 +148,26 @@ def build_index(out_dir: str | Path, kind: str = "auto", seed: int = 0, show_pro
         if len(shard_ids):
             index.add(_normalised(vectors))
             ids.extend(shard_ids)
-    write_atomically(folder / INDEX_FILE, faiss.serialize_index(index).tobytes())
+    generation = manifest.get("generation", 0)
+    files = {"file": versioned_name(INDEX_FILE, generation), "ids_file": versioned_name(IDS_FILE, generation)}
+    write_atomically(folder / files["file"], faiss.serialize_index(index).tobytes())
     sink = pa.BufferOutputStream()
     pq.write_table(pa.table({"id": pa.array(ids, pa.string())}), sink)
-    write_atomically(folder / IDS_FILE, sink.getvalue().to_pybytes())
-    manifest["index"] = {**choice, "file": INDEX_FILE, "ids_file": IDS_FILE, "rows": len(ids), "metric": "cosine"}
-    write_manifest(folder, manifest)
-    return manifest["index"]
+    write_atomically(folder / files["ids_file"], sink.getvalue().to_pybytes())
+    return {**choice, **files, "rows": len(ids), "metric": "cosine", "requested": kind, "quantiser": quantiser}
+
+
+def keeps_quantiser(previous: dict, choice: dict, manifest: dict) -> bool:
+    """Whether a new version's IVF index keeps the previous version's trained quantiser: the same kind, a list
+    count within a factor of 2 of what the new size asks for (lists stay 39 to 256 training vectors deep), and a
+    corpus that has not drifted as far as re-sampling is advised (centroids fit to the documents the context was
+    made from; a corpus moved further leaves some lists overfull and recall lower). Else it is trained again."""
+    if choice["kind"] == "flat" or previous.get("kind") != choice["kind"] or not previous.get("nlist"):
+        return False
+    if not 0.5 <= choice["nlist"] / previous["nlist"] <= 2.0:
+        return False
+    drift = manifest_drift(manifest)
+    return drift is not None and drift.percent < RESAMPLE_ADVISED
 
 
 def _check_model(folder: Path, manifest: dict, model: Any) -> None:
@@ -138,7 +185,8 @@ def _corpus_context(folder: Path, manifest: dict, context: Any) -> np.ndarray | 
         return None
     want = manifest["context"]["fingerprint"]
     if context is None:
-        vectors, where = read_context_file(folder / CONTEXT_FILE).vectors, f"{folder / CONTEXT_FILE} has"
+        path = context_path(folder, manifest)
+        vectors, where = read_context_file(path).vectors, f"{path} has"
     else:
         vectors, where = np.asarray(torch.as_tensor(context).detach().cpu(), dtype=np.float32), "the context given has"
     if fingerprint_array(vectors) != want:

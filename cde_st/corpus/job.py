@@ -12,6 +12,11 @@ The job, in order:
    each shard not yet finished is embedded (in process or on a pool of devices), written atomically, checksummed
    and recorded in the manifest. Killed at any point, the same call finishes the job, and the shards are row for row
    those an uninterrupted run writes (the cut depends on positions only, each shard is embedded in one call).
+
+The row order is the corpus order: the valid records in the order they are read, cut into shards by position. A
+later version of the folder (:mod:`cde_st.corpus.update`) keeps that order for the corpus it is made from. With the
+context, a reference sample of the corpus is embedded for the drift measure (:mod:`cde_st.corpus.drift`), and each
+shard counts its rows unlike it.
 """
 
 from __future__ import annotations
@@ -30,23 +35,36 @@ from cde_st.corpus.context_sample import BottomKSample
 from cde_st.corpus.corpus_context import (
     CONTEXT_FILE,
     CorpusContext,
+    context_path,
     embed_sampled_context,
     given_context,
     read_context_file,
 )
+from cde_st.corpus.drift import REFERENCE_FILE, REFERENCE_SIZE, DriftReference, make_reference, rows_below
 from cde_st.corpus.encoders import DocumentEncoder, document_prompt
 from cde_st.corpus.fingerprints import model_fingerprint
-from cde_st.corpus.manifest import FORMAT, check_same_job, read_manifest, write_manifest
+from cde_st.corpus.manifest import FORMAT, add_history, check_same_job, read_manifest, write_manifest
 from cde_st.corpus.output_folder import OutputFolder
 from cde_st.corpus.readers import CorpusReader
 from cde_st.corpus.scan import ScanResult, scan_corpus
-from cde_st.corpus.shards import DTYPES, shard_bytes, shard_name, shard_table, write_atomically
+from cde_st.corpus.shards import DTYPES, content_hash, shard_name, write_shard
+from cde_st.corpus.versions import versioned_name
 from cde_st.data import DataError
 from cde_st.evaluation.models import load_options
 from cde_st.model import context_prompt, is_contextual
 from cde_st.serving.identity import model_identity
 
-__all__ = ["READ_BATCH", "embed_corpus", "finished_shards"]
+__all__ = [
+    "READ_BATCH",
+    "check_not_empty",
+    "embed_corpus",
+    "finished_shards",
+    "job_header",
+    "make_encoder",
+    "record_shard",
+    "sample_for",
+    "shard_records",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +72,8 @@ logger = logging.getLogger(__name__)
 READ_BATCH = 4096
 
 
-def _header(model: Any, model_name: str, reader: CorpusReader, dtype: str, shard_size: int, normalize: bool) -> dict:
+def job_header(model: Any, model_name: str, reader: CorpusReader, dtype: str, shard_size: int, normalize: bool) -> dict:
+    """What every embedding of the job depends on and how the corpus is cut: the manifest's header."""
     return {
         "format": FORMAT,
         "version": 1,
@@ -107,7 +126,7 @@ def _context_request(model: Any, context: str | None, context_size: int | None, 
 
 def _resolve_context(model, request, out_dir: Path, old: dict | None, scan: ScanResult, batch_size) -> CorpusContext:
     """The job's context: the folder's own when this run asks for the same one, else computed (sample) or read."""
-    saved = out_dir / CONTEXT_FILE
+    saved = context_path(out_dir, old or {})
     if old is not None and old.get("context") and old["context"]["request"] == request and saved.is_file():
         context = read_context_file(saved)
         if context.fingerprint == old["context"]["fingerprint"]:
@@ -116,7 +135,8 @@ def _resolve_context(model, request, out_dir: Path, old: dict | None, scan: Scan
         if not scan.sample:
             raise ValueError("the corpus has no non-blank text to sample a context from.")
         prompt = context_prompt(model)
-        return embed_sampled_context(model, scan.sample, prompt, request["size"], request["seed"], batch_size)
+        texts = scan.sample[: request["size"]]  # the scan's sample is the bottom-k of a larger k: the same texts
+        return embed_sampled_context(model, texts, prompt, request["size"], request["seed"], batch_size)
     # A cde-st-serve context records model_identity of the model as the server loaded it (its saved context
     # included): accept that one, or the context-free fingerprint.
     identities = {model_identity(model), model_fingerprint(model)}
@@ -194,7 +214,7 @@ def embed_corpus(
         out_dir = folder.path
         model.eval()
         old = read_manifest(out_dir)
-        header = _header(model, model_name or type(model).__name__, reader, dtype, shard_size, normalize)
+        header = job_header(model, model_name or type(model).__name__, reader, dtype, shard_size, normalize)
         if old is not None:
             check_same_job(out_dir, old, {**header, "context": old.get("context")})
         folder.remove_leftovers()
@@ -204,32 +224,53 @@ def embed_corpus(
         return manifest
 
 
+#: What a rerun keeps of the folder's manifest besides its header: its version, where its files are, its history.
+_CARRIED = ("generation", "context_file", "drift", "history")
+
+
+def sample_for(request: dict | None) -> BottomKSample | None:
+    """The scan's sample for a context ``request``: the context's J texts and the drift reference's in one bottom-k
+    sample (its smallest hashes are the context), None for a plain model."""
+    if request is None:
+        return None
+    size = max(request["size"], 2 * REFERENCE_SIZE) if request["source"] == "sample" else 2 * REFERENCE_SIZE
+    return BottomKSample(size, request.get("seed", 0))
+
+
 def _prepare(model, reader, out_dir, header, request, old, batch_size, show_progress_bar) -> dict:
     """The scan and the context (reused from the folder when this run asks for what it has), in the manifest."""
     if old is not None and old.get("scan") is not None:
         scan = ScanResult(**old["scan"])
         needs_sample = request is not None and request["source"] == "sample" and old["context"]["request"] != request
         if needs_sample:  # another sample was asked for: scan again, to name its fingerprint in the refusal
-            scan = scan_corpus(reader, out_dir, BottomKSample(request["size"], request["seed"]), show_progress_bar)
+            scan = scan_corpus(reader, out_dir, sample_for(request), show_progress_bar)
     else:
-        sample = BottomKSample(request["size"], request["seed"]) if request and request["source"] == "sample" else None
-        scan = scan_corpus(reader, out_dir, sample, show_progress_bar)
-        _check_not_empty(reader, scan)
+        scan = scan_corpus(reader, out_dir, sample_for(request), show_progress_bar)
+        check_not_empty(reader, scan)
     context = None if request is None else _resolve_context(model, request, out_dir, old, scan, batch_size)
     manifest = {**header, "context": None if context is None else context.describe(), "scan": scan.to_dict()}
     if old is not None:
         check_same_job(out_dir, old, manifest)
         manifest["shards"] = old.get("shards", [])
+        manifest.update({key: old[key] for key in _CARRIED if key in old})
     else:
         manifest["shards"] = []
+    generation = manifest.get("generation", 0)
     if context is not None:
-        context.save(out_dir / CONTEXT_FILE)
+        manifest["context_file"] = manifest.get("context_file", versioned_name(CONTEXT_FILE, generation))
+        context.save(out_dir / manifest["context_file"])
+        if manifest.get("drift") is None and scan.sample:  # made with the context: the corpus the context describes
+            name = versioned_name(REFERENCE_FILE, generation)
+            reference = make_reference(model, context.vectors, scan.sample, batch_size)
+            reference.save(out_dir / name)
+            manifest["drift"] = reference.describe(name)
     manifest["complete"] = False
     write_manifest(out_dir, manifest)
     return manifest
 
 
-def _check_not_empty(reader: CorpusReader, scan: ScanResult) -> None:
+def check_not_empty(reader: CorpusReader, scan: ScanResult) -> None:
+    """Refuse a corpus without a valid record (there is nothing to embed), naming it."""
     where = reader.path if reader.kind == "datasets" else reader.files[0]
     if scan.records == 0:
         raise DataError(f"{where}: the corpus has no records (an empty file?); there is nothing to embed.")
@@ -240,7 +281,9 @@ def _check_not_empty(reader: CorpusReader, scan: ScanResult) -> None:
         )
 
 
-def _encoder(model: Any, context, workers: dict, batch_size: int, normalize: bool):
+def make_encoder(model: Any, context, workers: dict, batch_size: int, normalize: bool):
+    """The encoder of the shards: in process or on a pool of devices (``workers["devices"]``), or on Ray actors
+    (``workers["ray_workers"]``); a context manager."""
     if workers.get("ray_workers") is not None:
         from cde_st.corpus.ray_encoder import RayEncoder
 
@@ -254,7 +297,9 @@ def _write_shards(model, reader, out_dir: Path, manifest: dict, workers, batch_s
     done = finished_shards(out_dir, manifest)
     manifest["shards"] = sorted(done.values(), key=lambda e: e["index"])
     pending = [k for k in range(n_shards) if k not in done]
-    context = read_context_file(out_dir / CONTEXT_FILE).vectors if manifest["context"] else None
+    context = read_context_file(out_dir / manifest["context_file"]).vectors if manifest["context"] else None
+    drift = manifest.get("drift")
+    reference = DriftReference.load(out_dir / drift["reference_file"]) if drift else None
     bar = tqdm(
         total=scan["valid"],
         initial=sum(e["rows"] for e in done.values()),
@@ -264,28 +309,46 @@ def _write_shards(model, reader, out_dir: Path, manifest: dict, workers, batch_s
         smoothing=0.1,
     )
     if pending:
-        with _encoder(model, context, workers, batch_size, manifest["normalized"]) as encoder:
+        with make_encoder(model, context, workers, batch_size, manifest["normalized"]) as encoder:
             # Several shards per call where the encoder gains from it (Ray starts its actors once per call).
-            records = _shard_records(reader, pending, shard_size, set(scan["duplicate_positions"]))
+            records = shard_records(reader, pending, shard_size, set(scan["duplicate_positions"]))
             for group in _groups(records, encoder.shards_per_call):
                 embedded = encoder.encode_shards([texts for _, _, texts in group if texts])
                 for k, ids, texts in group:
                     embeddings = embedded.pop(0) if texts else np.zeros((0, manifest["dimension"]), np.float32)
-                    _record_shard(out_dir, manifest, k, ids, embeddings)
+                    rows = (ids, [content_hash(t) for t in texts], embeddings)
+                    entry = record_shard(out_dir, manifest, k, rows, reference)
+                    manifest["shards"] = sorted([*manifest["shards"], entry], key=lambda e: e["index"])
+                    write_manifest(out_dir, manifest)
                     bar.update(len(ids))
     bar.close()
+    _finish(manifest, n_shards)
+    write_manifest(out_dir, manifest)
+
+
+def _finish(manifest: dict, n_shards: int) -> None:
+    """Mark the manifest complete; the first time, record the share of the corpus unlike the drift reference (the
+    baseline drift is measured from) and the first entry of its history."""
     manifest["complete"] = True
     manifest["counts"] = {"embedded": sum(e["rows"] for e in manifest["shards"]), "shards": n_shards}
-    write_manifest(out_dir, manifest)
+    rows, below = rows_below(manifest["shards"])
+    drift = manifest.get("drift")
+    if drift is not None and drift.get("baseline_share") is None and below is not None:
+        drift["baseline_share"] = below / rows if rows else 0.0
+    if not manifest.get("history"):
+        embedded = manifest["counts"]["embedded"]
+        counts = {"added": embedded, "changed": 0, "deleted": 0, "unchanged": 0}
+        add_history(manifest, "embed", counts, 0.0 if drift is not None else None)
 
 
-def _record_shard(out_dir: Path, manifest: dict, k: int, ids: list[str], embeddings: np.ndarray) -> None:
-    """Write shard ``k`` atomically, then list it (with its SHA-256) in the manifest, rewritten atomically."""
-    name, shard_size = shard_name(k), manifest["shard_size"]
-    digest = write_atomically(out_dir / name, shard_bytes(shard_table(ids, embeddings, manifest["dtype"])))
-    entry = {"index": k, "file": name, "start": k * shard_size, "stop": (k + 1) * shard_size, "rows": len(ids)}
-    manifest["shards"] = sorted([*manifest["shards"], {**entry, "sha256": digest}], key=lambda e: e["index"])
-    write_manifest(out_dir, manifest)
+def record_shard(out_dir: Path, manifest: dict, k: int, rows: tuple, reference: DriftReference | None) -> dict:
+    """Write shard ``k`` (``rows``: ids, content hashes, embeddings) atomically under this version's name; return
+    its manifest entry, with the count of rows unlike the drift reference."""
+    name = versioned_name(shard_name(k), manifest.get("generation", 0))
+    entry = write_shard(out_dir, name, k, manifest["shard_size"], rows, manifest["dtype"])
+    if reference is not None:
+        entry["below"] = reference.count_below(rows[2])
+    return entry
 
 
 def _groups(items: Iterator, size: int) -> Iterator[list]:
@@ -299,7 +362,7 @@ def _groups(items: Iterator, size: int) -> Iterator[list]:
         yield group
 
 
-def _shard_records(
+def shard_records(
     reader: CorpusReader, pending: list[int], shard_size: int, duplicates: set[int]
 ) -> Iterator[tuple[int, list[str], list[str]]]:
     """(shard index, ids, texts) of each pending shard, in order, from one read of the stream (from the first

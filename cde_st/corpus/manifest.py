@@ -15,15 +15,28 @@ embedding spaces, nor two versions of a document.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from cde_st.corpus.shards import DamagedFileError, write_atomically
 
-__all__ = ["FORMAT", "MANIFEST_FILE", "ForeignOutputError", "check_same_job", "read_manifest", "write_manifest"]
+__all__ = [
+    "FORMAT",
+    "HISTORY_LENGTH",
+    "MANIFEST_FILE",
+    "ForeignOutputError",
+    "add_history",
+    "check_same_embedding",
+    "check_same_job",
+    "read_manifest",
+    "write_manifest",
+]
 
 FORMAT = "cde_st.embedded_corpus"
 MANIFEST_FILE = "manifest.json"
+#: The history keeps the last this many runs that made a version (first run, updates, new contexts).
+HISTORY_LENGTH = 20
 
 #: The header fields that must match for a rerun to continue a folder: (path in the manifest, what it is).
 _SAME_JOB_FIELDS = (
@@ -97,13 +110,13 @@ def check_same_job(folder: str | Path, old: dict[str, Any], new: dict[str, Any])
             raise ForeignOutputError(
                 f"The corpus {_get(new, ('corpus', 'path'))} changed since {folder} was written: same size, other "
                 f"content (SHA-256 {_get(old, path)} then, {_get(new, path)} now); its shards would mix old and new "
-                "texts. Use another --out folder, or delete this one to start over."
+                "texts. Pass --update to bring the folder up to date with it, use another --out folder, or delete "
+                "this one to start over."
             )
         if _get(old, path) != _get(new, path):
             raise ForeignOutputError(
                 f"{folder} holds embeddings of another job: its {what} is {_get(old, path)!r}, this run's is "
-                f"{_get(new, path)!r}. The folder has: {_describe(old)}; this run: {_describe(new)}. Use another "
-                "--out folder, or delete this one to start over."
+                f"{_get(new, path)!r}. The folder has: {_describe(old)}; this run: {_describe(new)}. {_what_to_do(path)}"
             )
     old_context, new_context = old.get("context") or {}, new.get("context") or {}
     if old_context.get("fingerprint") != new_context.get("fingerprint"):
@@ -112,3 +125,31 @@ def check_same_job(folder: str | Path, old: dict[str, Any], new: dict[str, Any])
             f"run's context fingerprint is {new_context.get('fingerprint', 'none')} (model fingerprint "
             f"{_get(new, ('model', 'identity'))} in both). Use another --out folder, or the folder's own context."
         )
+
+
+def _what_to_do(path: tuple[str, ...]) -> str:
+    if path[0] == "corpus":
+        return "Pass --update to bring the folder up to date with this corpus, use another --out folder, or delete it."
+    return "Use another --out folder, or delete this one to start over."
+
+
+def check_same_embedding(folder: str | Path, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Raise :class:`ForeignOutputError` unless ``new`` (a run's header) embeds as ``old`` (the folder's) did: the
+    same model, prompt, dimension, storage, cut and reader fields; the corpus may differ (an update)."""
+    check_same_job(folder, old, {**new, "corpus": old.get("corpus"), "context": old.get("context")})
+
+
+def add_history(manifest: dict[str, Any], kind: str, counts: dict[str, int], drift_percent: float | None) -> None:
+    """Append a run that made a version (``kind``: embed, update, recontextualize) to the manifest's history: when,
+    the added / changed / deleted / unchanged counts, the corpus's SHA-256 and the drift; the last
+    :data:`HISTORY_LENGTH` entries are kept."""
+    entry = {
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "kind": kind,
+        **counts,
+        "documents": sum(e["rows"] for e in manifest.get("shards", [])),
+        "corpus_sha256": _get(manifest, ("corpus", "sha256")),
+        "generation": manifest.get("generation", 0),
+        "drift_percent": None if drift_percent is None else round(drift_percent, 3),
+    }
+    manifest["history"] = [*manifest.get("history", []), entry][-HISTORY_LENGTH:]

@@ -20,17 +20,24 @@ from pathlib import Path
 from types import TracebackType
 
 from cde_st.corpus.corpus_context import CONTEXT_FILE, CORPUS_METADATA_KEY
-from cde_st.corpus.index import IDS_FILE, INDEX_FILE
+from cde_st.corpus.drift import REFERENCE_FILE, REFERENCE_METADATA_KEY
 from cde_st.corpus.manifest import MANIFEST_FILE
+from cde_st.corpus.previous_version import PREVIOUS_TABLE
 from cde_st.corpus.scan import IDS_TABLE
 from cde_st.corpus.shards import TEMP_PREFIX
+from cde_st.corpus.versions import PENDING_FILE, VERSION_FILE
 
 __all__ = ["LOCK_FILE", "FolderBusyError", "OutputFolder", "is_own_temporary"]
 
 LOCK_FILE = ".lock"
-_OWN_FILES = "|".join(re.escape(name) for name in (MANIFEST_FILE, CONTEXT_FILE, INDEX_FILE, IDS_FILE))
-# write_atomically's temporary name: the prefix, the final name, the writer's process id.
-_OWN_TEMPORARY = re.compile(rf"{re.escape(TEMP_PREFIX)}(?:{_OWN_FILES}|shard-\d{{6,}}\.parquet)\.\d+")
+_OWN_FILES = "|".join(re.escape(name) for name in (MANIFEST_FILE, PENDING_FILE))
+# A temporary name of write_atomically: the prefix, the final name, then the writer's process id (and, since
+# cde_st.atomic_files, its thread id and a random token).
+_OWN_TEMPORARY = re.compile(
+    rf"{re.escape(TEMP_PREFIX)}(?:{_OWN_FILES}|{VERSION_FILE.pattern})(?:\.\d+|-\d+-\d+-[0-9a-f]+)"
+)
+#: Files a job writes before its first manifest, recognised by the metadata key they carry.
+_MARKED = {CONTEXT_FILE: CORPUS_METADATA_KEY, REFERENCE_FILE: REFERENCE_METADATA_KEY}
 _SHOWN = 5
 
 
@@ -43,12 +50,13 @@ def is_own_temporary(name: str) -> bool:
     return _OWN_TEMPORARY.fullmatch(name) is not None
 
 
-def _is_own_context(path: Path) -> bool:
+def _is_marked(path: Path) -> bool:
+    """Whether ``path`` is a context or drift reference file a job wrote (its metadata says so)."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="np") as f:
-            return CORPUS_METADATA_KEY in (f.metadata() or {})
+            return _MARKED[path.name] in (f.metadata() or {})
     except (OSError, SafetensorError, ValueError):
         return False
 
@@ -57,13 +65,11 @@ def _foreign_names(folder: Path) -> list[str]:
     """What ``folder`` holds that no job wrote (empty for a job's folder)."""
     if (folder / MANIFEST_FILE).is_file():
         return []
-    own = {LOCK_FILE, IDS_TABLE}
+    own = {LOCK_FILE, IDS_TABLE, PREVIOUS_TABLE}
     return sorted(
         entry.name
         for entry in folder.iterdir()
-        if not (
-            entry.name in own or is_own_temporary(entry.name) or (entry.name == CONTEXT_FILE and _is_own_context(entry))
-        )
+        if not (entry.name in own or is_own_temporary(entry.name) or (entry.name in _MARKED and _is_marked(entry)))
     )
 
 

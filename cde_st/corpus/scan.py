@@ -8,6 +8,7 @@ not after hours of embedding, and the count gives the progress bar its total.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tqdm.auto import tqdm
 
 from cde_st.corpus.context_sample import BottomKSample
 from cde_st.corpus.duplicate_ids import DuplicateIds
-from cde_st.corpus.readers import CorpusReader
+from cde_st.corpus.readers import CorpusBatch, CorpusReader
 
 __all__ = ["IDS_TABLE", "SCAN_BATCH", "ScanResult", "scan_corpus"]
 
@@ -59,12 +60,14 @@ def scan_corpus(
     work_dir: str | Path,
     sample: BottomKSample | None = None,
     show_progress_bar: bool = True,
+    on_batch: Callable[[CorpusBatch, set[int]], None] | None = None,
 ) -> ScanResult:
     """Read the whole corpus once: check each record (errors name the file and line), find repeated ids (a SQLite
     table in ``work_dir``, removed afterwards: memory stays bounded), count, and offer each text to ``sample``.
 
     A repeated id raises :class:`~cde_st.data.DataError` naming both places, or with ``reader.skip_invalid`` the
-    later record is left out and counted.
+    later record is left out and counted. ``on_batch(batch, repeated)`` sees each batch with the indexes of its
+    records left out as repeats (an update compares the records with the folder's as it scans).
     """
     reader.skipped = Counter()
     duplicates: list[int] = []
@@ -78,6 +81,8 @@ def scan_corpus(
                 duplicates.append(batch.positions[i])
             if sample is not None:
                 sample.offer_many(t for i, t in enumerate(batch.texts) if i not in repeated)
+            if on_batch is not None:
+                on_batch(batch, set(repeated))
             valid += len(batch) - len(repeated)
             bar.update(len(batch))
     bar.close()

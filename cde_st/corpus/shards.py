@@ -5,33 +5,41 @@ A shard is serialised in memory, hashed (SHA-256, recorded in the manifest), wri
 same folder, fsynced, renamed into place, and the folder fsynced. A file whose hash does not match the manifest, or
 that the manifest does not list, is not a finished shard and is written again.
 
-Columns: ``id`` (string) and ``embedding``, a fixed-size list of ``dimension`` values: float32, float16, or int8 with
+Columns: ``id`` (string), ``embedding``, a fixed-size list of ``dimension`` values: float32, float16, or int8 with
 a per-row float32 ``scale`` column (``embedding * scale`` gives the vector back to within half a step of 1/127 of
-the row's largest value).
+the row's largest value), and ``content_hash`` (16 bytes, :func:`content_hash` of the text the model read): what an
+update compares to tell an unchanged document from an edited one without keeping the texts.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import numpy as np
 
+from cde_st.atomic_files import TEMP_PREFIX, fsync_dir
+from cde_st.atomic_files import write_atomically as _replace_file
+
 __all__ = [
     "DTYPES",
     "TEMP_PREFIX",
+    "HASH_COLUMN",
     "DamagedFileError",
+    "content_hash",
     "fsync_dir",
     "read_shard",
+    "read_shard_keys",
     "shard_bytes",
     "shard_name",
     "shard_table",
     "write_atomically",
+    "write_shard",
 ]
 
 DTYPES = ("float32", "float16", "int8")
-TEMP_PREFIX = ".tmp-"
+#: The column of each row's content hash.
+HASH_COLUMN = "content_hash"
 
 
 class DamagedFileError(ValueError):
@@ -44,8 +52,14 @@ def shard_name(index: int) -> str:
     return f"shard-{index:06d}.parquet"
 
 
-def shard_table(ids: list[str], embeddings: np.ndarray, dtype: str = "float32"):
-    """A pyarrow table of one shard: ``id``, ``embedding`` (fixed-size list) and, for int8, ``scale``."""
+def content_hash(text: str) -> bytes:
+    """16 bytes that change when the text a model reads (title + text, as read) changes."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+
+
+def shard_table(ids: list[str], embeddings: np.ndarray, dtype: str = "float32", hashes: list[bytes] | None = None):
+    """A pyarrow table of one shard: ``id``, ``embedding`` (fixed-size list), for int8 ``scale``, and
+    ``content_hash`` when ``hashes`` are given."""
     import pyarrow as pa
 
     if dtype not in DTYPES:
@@ -64,33 +78,39 @@ def shard_table(ids: list[str], embeddings: np.ndarray, dtype: str = "float32"):
     columns["embedding"] = pa.FixedSizeListArray.from_arrays(flat, dimension)
     if dtype == "int8":
         columns["scale"] = pa.array(scale.astype(np.float32))
+    if hashes is not None:
+        columns[HASH_COLUMN] = pa.array(hashes, type=pa.binary(16))
     return pa.table(columns)
 
 
-def fsync_dir(folder: str | Path) -> None:
-    """fsync a folder, so a rename in it survives a power loss."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_atomically(path: str | Path, data: bytes) -> str:
-    """Write ``data`` to ``path`` through a fsynced temporary file and a rename; return its SHA-256 (hex)."""
-    path = Path(path)
-    temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
-    try:
-        with open(temp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    """Write ``data`` to ``path`` atomically (:func:`cde_st.atomic_files.write_atomically`, fsynced); return its
+    SHA-256 (hex), which the manifest records."""
+    _replace_file(path, data)
     return hashlib.sha256(data).hexdigest()
+
+
+def write_shard(
+    folder: str | Path,
+    name: str,
+    index: int,
+    shard_size: int,
+    rows: tuple[list[str], list[bytes], np.ndarray],
+    dtype: str,
+) -> dict:
+    """Write shard ``index`` (``rows``: ids, content hashes, embeddings) as ``folder / name``, atomically; return
+    its manifest entry (file, positions, rows, SHA-256)."""
+    ids, hashes, embeddings = rows
+    digest = write_atomically(Path(folder) / name, shard_bytes(shard_table(ids, embeddings, dtype, hashes)))
+    start = index * shard_size
+    return {
+        "index": index,
+        "file": name,
+        "start": start,
+        "stop": start + shard_size,
+        "rows": len(ids),
+        "sha256": digest,
+    }
 
 
 def shard_bytes(table) -> bytes:
@@ -132,6 +152,19 @@ def read_shard(path: str | Path, sha256: str | None = None) -> tuple[list[str], 
     if "scale" in table.column_names:
         values *= table.column("scale").to_numpy()[:, None]
     return ids, values
+
+
+def read_shard_keys(path: str | Path) -> tuple[list[str], list[bytes | None]]:
+    """(ids, content hashes) of a shard, without its embeddings; hashes are None in a shard written before they
+    were recorded (an update then embeds its rows again)."""
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    columns = ["id", HASH_COLUMN] if HASH_COLUMN in schema.names else ["id"]
+    table = pq.read_table(path, columns=columns)
+    ids = table.column("id").to_pylist()
+    hashes = table.column(HASH_COLUMN).to_pylist() if HASH_COLUMN in columns else [None] * len(ids)
+    return ids, hashes
 
 
 _REWRITE = (
