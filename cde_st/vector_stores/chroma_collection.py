@@ -175,7 +175,13 @@ class ContextualEmbeddingFunction(EmbeddingFunction[Documents]):
         context = None if config["context"] is None else decode_vectors(config["context"])
         record.check_context(context, where, "its context vectors")
         load = config["load"]
-        model = load_model(record.model_name, backend=load.get("backend", "torch"), onnx_file=load.get("onnx_file"))
+        try:
+            model = load_model(record.model_name, backend=load.get("backend", "torch"), onnx_file=load.get("onnx_file"))
+        except OSError as err:  # a folder moved or deleted, a hub id not cached offline
+            raise FileNotFoundError(
+                f"{where} names model {record.model_name!r}, which cannot be loaded ({err}). Open the collection "
+                "with open_collection(client, name, ContextualEmbeddingFunction(model, model_name=...))."
+            ) from None
         if load.get("max_seq_length"):
             model.max_seq_length = load["max_seq_length"]
         function = ContextualEmbeddingFunction(

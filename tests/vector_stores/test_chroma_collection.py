@@ -223,3 +223,18 @@ def test_update_from_folder_adds_replaces_and_deletes_by_id(stored, tmp_path):
     with pytest.raises(ForeignStoreError, match=EmbeddedFolder(other).context_fingerprint):
         update_collection_from_folder(collection, other, function)
     assert_level(collection, updated)
+
+
+def test_a_function_whose_model_cannot_be_loaded_works_in_its_process_and_names_the_model_when_rebuilt(
+    make_tiny_cde, tmp_path
+):
+    model = make_tiny_cde(context_size=8)
+    texts, ids = [d["text"] for d in DOCS], [d["_id"] for d in DOCS]
+    model.set_context(texts, seed=0)
+    function = ContextualEmbeddingFunction(model, model_name=str(tmp_path / "never-saved"))
+    collection = create_collection(chromadb.PersistentClient(str(tmp_path / "chroma")), "notes", function)
+    collection.add(ids=ids, documents=texts)  # Chroma rebuilds the function here: the one in hand, not a reload
+    assert len(collection.query(query_texts=[QUERY], n_results=3)["ids"][0]) == 3
+    config = {**collection.configuration_json["embedding_function"]["config"], "batch_size": 7}  # not built yet
+    with pytest.raises(FileNotFoundError, match="never-saved"):
+        ContextualEmbeddingFunction.build_from_config(config)

@@ -78,6 +78,17 @@ def test_the_search_reads_the_tables_context_not_the_models_active_one(embedded,
     assert [h["score"] for h in hits] == pytest.approx([s for _, s in expected], abs=1e-5)
 
 
+def test_the_search_with_the_tables_context_active_in_the_model_gives_the_same_hits(embedded, tiny_cde, tmp_path):
+    import torch
+
+    store = ContextualLanceTable.from_folder(tmp_path / "lancedb", "notes", embedded, tiny_cde)
+    tiny_cde.set_context(torch.as_tensor(store.context))  # queries then read the active context as it is
+    hits = store.search(QUERY, k=5)
+    expected = search_index(embedded, tiny_cde, [QUERY], k=5)[0]
+    assert [h["id"] for h in hits] == [i for i, _ in expected]
+    assert [h["score"] for h in hits] == pytest.approx([s for _, s in expected], abs=1e-5)
+
+
 def test_open_refuses_another_model_naming_both_fingerprints(embedded, tiny_cde, make_tiny_cde, tmp_path):
     from cde_st.corpus.fingerprints import model_fingerprint
 
