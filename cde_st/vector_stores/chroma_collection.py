@@ -270,6 +270,18 @@ def open_collection(client: Any, name: str, function: ContextualEmbeddingFunctio
     return collection
 
 
+def _held(collection: Any, ids: list[str], dimension: int, with_texts: bool) -> StoreRows:
+    """The collection's rows of ``ids`` (those it has)."""
+    found: dict[str, list] = {"ids": [], "embeddings": [], "documents": []}
+    for start in range(0, len(ids), _BATCH):
+        part = collection.get(ids=ids[start : start + _BATCH], include=["embeddings", "documents"])
+        for key in found:
+            found[key].extend(part[key] if part[key] is not None else [])
+    vectors = np.asarray(found["embeddings"], dtype=np.float32).reshape(len(found["ids"]), dimension)
+    index = {doc_id: n for n, doc_id in enumerate(found["ids"])}
+    return StoreRows(index, vectors, found["documents"] if with_texts else None)
+
+
 def update_collection_from_folder(collection: Any, folder: str | Path, function: ContextualEmbeddingFunction) -> dict:
     """Bring ``collection`` (opened with ``function``) level with the embedded folder ``folder`` after
     ``cde-st-embed --update``: new and changed rows upserted, rows of ids the folder no longer has deleted. Returns
@@ -281,19 +293,14 @@ def update_collection_from_folder(collection: Any, folder: str | Path, function:
     record.check(
         source.record(function.model, record.model_name), f"Chroma collection {collection.name!r}", f"folder {folder}"
     )
-    held = collection.get(include=["embeddings", "documents"])
-    has_texts = any(text is not None for text in held["documents"] or [])
-    store = StoreRows(
-        {doc_id: n for n, doc_id in enumerate(held["ids"])},
-        np.asarray(held["embeddings"], dtype=np.float32).reshape(len(held["ids"]), record.dimension),
-        held["documents"] if has_texts else None,
-    )
+    first = collection.get(limit=1, include=["documents"])["documents"]
+    has_texts = bool(first) and first[0] is not None
     changes = FolderChanges(tolerance=1e-5)  # vectors come back from Chroma's cosine space rounded
     for rows in source.rows(with_texts=has_texts):
-        picked = changes.to_write(rows, store)
+        picked = changes.to_write(rows, _held(collection, rows.ids, record.dimension, has_texts))
         texts = None if rows.texts is None else [rows.texts[n] for n in picked]
         _add_rows(collection, [rows.ids[n] for n in picked], rows.vectors[picked], texts)
-    gone = changes.deleted_ids(store)
+    gone = changes.deleted_ids(collection.get(include=[])["ids"])
     for start in range(0, len(gone), _BATCH):
         collection.delete(ids=gone[start : start + _BATCH])
     return changes.counts

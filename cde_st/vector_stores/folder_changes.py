@@ -1,11 +1,12 @@
 """What a store must change to be level with an embedded folder: the rows of new ids, the rows whose vector or text
-changed, and the ids the folder no longer has. Compared by id and exact value, so a store already level with the
+changed, and the ids the folder no longer has. Compared by id and value, a shard at a time (the store's rows of that
+shard's ids, then all the store's ids), so memory holds one shard, not the store; a store already level with the
 folder changes nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,8 +18,8 @@ __all__ = ["FolderChanges", "StoreRows"]
 
 @dataclass
 class StoreRows:
-    """What a store holds now: ``index`` (id -> row), ``vectors`` (n, d) and ``texts`` (None: the store keeps
-    none)."""
+    """What a store holds of some ids: ``index`` (id -> row), ``vectors`` (n, d) and ``texts`` (None: the store
+    keeps none)."""
 
     index: Mapping[str, int]
     vectors: np.ndarray
@@ -61,8 +62,9 @@ class FolderChanges:
             return np.array_equal(held, vector)
         return float(np.abs(held - vector).max()) <= self.tolerance * max(float(np.linalg.norm(vector)), 1e-12)
 
-    def deleted_ids(self, store: StoreRows) -> list[str]:
-        """The store's ids the folder does not have (call after every shard went through :meth:`to_write`)."""
-        gone = [doc_id for doc_id in store.index if doc_id not in self.seen]
+    def deleted_ids(self, ids: Iterable[str]) -> list[str]:
+        """Of the store's ``ids`` (all of them), those the folder does not have (call after every shard went through
+        :meth:`to_write`)."""
+        gone = [doc_id for doc_id in ids if doc_id not in self.seen]
         self.counts["deleted"] = len(gone)
         return gone

@@ -42,7 +42,7 @@ RECORD_KEY = "cde_st:store_record"
 VECTOR_COLUMN = "vector"
 #: The context table of table NAME is NAME + this.
 CONTEXT_TABLE_SUFFIX = "__cde_context"
-#: Ids per ``delete`` filter (a long ``IN`` list is one SQL expression).
+#: Ids per ``delete`` or lookup filter (a long ``IN`` list is one SQL expression).
 _DELETE_CHUNK = 1000
 
 
@@ -229,13 +229,24 @@ class ContextualLanceTable:
     def _upsert(self, rows) -> None:
         self.table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
 
-    def _current(self) -> StoreRows:
+    def _held(self, ids: Sequence[str]) -> StoreRows:
+        """The table's rows of ``ids`` (those it has)."""
+        import pyarrow as pa
+
         columns = ["id", VECTOR_COLUMN] + (["text"] if "text" in self.table.schema.names else [])
-        data = self.table.search().select(columns).limit(None).to_arrow()
+        parts = [
+            self.table.search().where(f"id IN ({_quoted(ids[start : start + _DELETE_CHUNK])})")
+            for start in range(0, len(ids), _DELETE_CHUNK)
+        ]
+        data = pa.concat_tables([part.select(columns).limit(None).to_arrow() for part in parts])
         vectors = data.column(VECTOR_COLUMN).combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        ids = data.column("id").to_pylist()
+        found = data.column("id").to_pylist()
         texts = data.column("text").to_pylist() if "text" in columns else None
-        return StoreRows({i: n for n, i in enumerate(ids)}, vectors.reshape(len(ids), self.record.dimension), texts)
+        return StoreRows({i: n for n, i in enumerate(found)}, vectors.reshape(len(found), self.record.dimension), texts)
+
+    def ids(self) -> list[str]:
+        """Every id of the table."""
+        return self.table.search().select(["id"]).limit(None).to_arrow().column("id").to_pylist()
 
     def update_from_folder(self, folder: str | Path) -> dict[str, int]:
         """Bring the table level with the embedded folder ``folder`` (after ``cde-st-embed --update``): rows of new
@@ -250,13 +261,13 @@ class ContextualLanceTable:
             source.record(self.model, self.record.model_name), f"LanceDB table {self.table.name!r}", f"folder {folder}"
         )
         with_texts = "text" in self.table.schema.names
-        current, changes = self._current(), FolderChanges()
+        changes = FolderChanges()
         for rows in source.rows(with_texts=with_texts):
-            picked = changes.to_write(rows, current)
+            picked = changes.to_write(rows, self._held(rows.ids))
             if picked:
                 texts = [rows.texts[n] for n in picked] if with_texts else None
                 self._upsert(_rows(self.table.schema, [rows.ids[n] for n in picked], rows.vectors[picked], texts))
-        self.delete(changes.deleted_ids(current))
+        self.delete(changes.deleted_ids(self.ids()))
         return changes.counts
 
     def __len__(self) -> int:
