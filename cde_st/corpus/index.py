@@ -100,8 +100,12 @@ def build_index(out_dir: str | Path, kind: str = "auto", seed: int = 0, show_pro
     manifest = read_manifest(folder)
     if manifest is None or not manifest.get("complete"):
         raise ValueError(f"{folder}: no finished embedding job (run cde-st-embed to the end first).")
+    before = manifest.get("index") or {}
     manifest["index"] = write_index(folder, manifest, kind, seed, show_progress_bar)
     write_manifest(folder, manifest)
+    for key in ("file", "ids_file"):  # an index of an earlier version, superseded now the manifest names this one
+        if before.get(key) and before[key] != manifest["index"][key]:
+            (folder / before[key]).unlink(missing_ok=True)
     return manifest["index"]
 
 

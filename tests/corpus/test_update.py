@@ -128,3 +128,32 @@ def test_a_plain_model_and_int8_storage_update_too(tiny_plain, tmp_path):
     assert ids == full_ids and manifest["drift"] is None and "index" not in manifest
     step = np.abs(full).max(axis=1, keepdims=True) / 127
     assert np.all(np.abs(embeddings - full) <= step + 1e-6)  # re-quantised rows: within a step
+
+
+def _as_written_before_updates(out) -> None:
+    """Make a folder look as one written before content hashes, versions and the drift reference existed."""
+    import pyarrow.parquet as pq
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        path = out / entry["file"]
+        pq.write_table(pq.read_table(path).drop(["content_hash"]), path)
+        entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        del entry["below"]
+    for key in ("drift", "history", "context_file"):
+        del manifest[key]
+    (out / "drift_reference.safetensors").unlink()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_folder_written_before_content_hashes_is_updated_by_embedding_every_row_again(tiny_cde, embedded, tmp_path):
+    _as_written_before_updates(embedded)
+    corpus = write_jsonl(tmp_path / "v2.jsonl", [*DOCS, *NEW])
+    manifest = update_corpus(tiny_cde, corpus, embedded, show_progress_bar=False)
+    last = manifest["history"][-1]
+    assert (last["added"], last["changed"], last["unchanged"], last["drift_percent"]) == (8, 60, 0, None)
+    full = tmp_path / "full"
+    embed_corpus(tiny_cde, corpus, full, context=str(embedded / "context.safetensors"), shard_size=25,
+                 show_progress_bar=False)  # fmt: skip
+    np.testing.assert_allclose(all_rows(embedded)[1], all_rows(full)[1], rtol=0, atol=1e-6)
+    assert manifest["drift"] is None and (embedded / "context.safetensors").is_file()
