@@ -228,7 +228,8 @@ def collection_from_folder(
 ) -> Any:
     """A new collection ``name`` holding the vectors of the embedded folder ``folder`` (and the texts, when its
     corpus is there unchanged: ``with_texts`` as :meth:`EmbeddedFolder.rows`), with the folder's context in its
-    embedding function. ``model`` must be the one that embedded the folder."""
+    embedding function. ``model`` must be the one that embedded the folder. Interrupted, the collection holds the
+    rows added so far: :func:`update_collection_from_folder` adds the others."""
     function = ContextualEmbeddingFunction.from_folder(folder, model, model_name=model_name, batch_size=batch_size)
     collection = create_collection(client, name, function)
     for rows in EmbeddedFolder(folder).rows(with_texts):

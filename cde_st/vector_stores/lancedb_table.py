@@ -112,7 +112,8 @@ class ContextualLanceTable:
     ) -> ContextualLanceTable:
         """A new table ``name`` in ``db`` (a folder path or a LanceDB connection) holding the vectors of the embedded
         folder ``folder`` (``cde-st-embed`` output), with texts when its corpus is there unchanged (``with_texts``:
-        see :meth:`EmbeddedFolder.rows`). ``model`` must be the one that embedded the folder."""
+        see :meth:`EmbeddedFolder.rows`). ``model`` must be the one that embedded the folder. Interrupted, the table
+        holds the shards added so far: :meth:`open` it and :meth:`update_from_folder` adds the others."""
         source = EmbeddedFolder(folder)
         record, context = source.record(model, model_name), source.context_vectors()
         batches = source.rows(with_texts)
@@ -149,8 +150,16 @@ class ContextualLanceTable:
 
     @classmethod
     def _new(cls, db, name, record, model, context, with_texts: bool, batch_size: int) -> ContextualLanceTable:
+        """The empty table and its context table. The context is written first, so a table whose making was
+        interrupted opens (and :meth:`update_from_folder` fills it); a leftover context table without its table is
+        overwritten."""
         connection = _connect(db)
-        table = connection.create_table(name, schema=_schema(record, with_texts))  # refused if it exists
+        try:
+            connection.open_table(name)
+        except ValueError:  # LanceDB's "Table ... was not found": the name is free
+            pass
+        else:
+            raise ValueError(f"LanceDB table {name!r} already exists; open it, or choose another name.")
         if context is not None:
             import pyarrow as pa
 
@@ -158,6 +167,7 @@ class ContextualLanceTable:
             vectors = pa.FixedSizeListArray.from_arrays(flat, context.shape[1])
             data = pa.table({"position": pa.array(range(len(context)), pa.int32()), "vector": vectors})
             connection.create_table(name + CONTEXT_TABLE_SUFFIX, data=data, mode="overwrite")
+        table = connection.create_table(name, schema=_schema(record, with_texts))
         return cls(table, record, model, context, batch_size)
 
     @classmethod

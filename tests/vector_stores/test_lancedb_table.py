@@ -234,3 +234,46 @@ def test_bad_arguments_are_refused(embedded, tiny_cde, tmp_path):
     with pytest.raises(ValueError, match="k must be at least 1"):
         store.search(QUERY, k=0)
     assert len(store) == len(DOCS)
+
+
+def edited_folder(model, folder, tmp_path) -> str:
+    """The corpus of ``folder`` with d5 deleted, d3 changed and d99 added, embedded with the folder's context."""
+    edited = [dict(d) for d in DOCS if d["_id"] != "d5"]
+    edited[3]["text"] = "a rewritten note about orbits"
+    edited.append({"_id": "d99", "title": "topic 9", "text": "a new note about rain"})
+    corpus = write_corpus(tmp_path / "edited.jsonl", edited)
+    return embed(model, corpus, tmp_path / "edited-emb", context=str(Path(folder) / "context.safetensors"))
+
+
+def test_an_update_interrupted_before_its_deletes_is_finished_by_the_same_call(embedded, tiny_cde, tmp_path):
+    store = ContextualLanceTable.from_folder(tmp_path / "lancedb", "notes", embedded, tiny_cde)
+    updated = edited_folder(tiny_cde, embedded, tmp_path)
+    delete = store.table.delete
+    store.table.delete = lambda where: (_ for _ in ()).throw(KeyboardInterrupt)  # killed before the deletes
+    with pytest.raises(KeyboardInterrupt):
+        store.update_from_folder(updated)
+    store.table.delete = delete
+    again = ContextualLanceTable.open(tmp_path / "lancedb", "notes", tiny_cde)
+    assert again.update_from_folder(updated) == {"added": 0, "changed": 0, "deleted": 1, "unchanged": len(DOCS)}
+    assert_level(again, updated)
+
+
+def test_a_table_made_from_a_folder_interrupted_is_finished_by_an_update(embedded, tiny_cde, tmp_path, monkeypatch):
+    from lancedb.table import LanceTable
+
+    add, calls = LanceTable.add, []
+
+    def add_then_stop(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # killed after the first shard
+            raise KeyboardInterrupt
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(LanceTable, "add", add_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        ContextualLanceTable.from_folder(tmp_path / "lancedb", "notes", embedded, tiny_cde)
+    monkeypatch.setattr(LanceTable, "add", add)
+    store = ContextualLanceTable.open(tmp_path / "lancedb", "notes", tiny_cde)
+    assert len(store) == 8
+    assert store.update_from_folder(embedded) == {"added": len(DOCS) - 8, "changed": 0, "deleted": 0, "unchanged": 8}
+    assert_level(store, embedded)
