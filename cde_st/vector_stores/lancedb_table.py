@@ -22,6 +22,7 @@ on ``table.table`` with LanceDB's ``create_index`` for large tables; the record 
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -43,7 +44,7 @@ VECTOR_COLUMN = "vector"
 #: The context table of table NAME is NAME + this.
 CONTEXT_TABLE_SUFFIX = "__cde_context"
 #: Ids per ``delete`` or lookup filter (a long ``IN`` list is one SQL expression).
-_DELETE_CHUNK = 1000
+_FILTER_CHUNK = 1000
 
 
 def _connect(db: Any):
@@ -120,7 +121,7 @@ class ContextualLanceTable:
         first = next(batches, None)
         has_texts = first is not None and first.texts is not None
         store = cls._new(db, name, record, model, context, has_texts, batch_size)
-        for rows in [first, *batches] if first is not None else []:
+        for rows in itertools.chain([first] if first is not None else [], batches):  # a shard at a time
             if rows.ids:
                 store.table.add(_rows(store.table.schema, rows.ids, rows.vectors, rows.texts))
         return store
@@ -233,8 +234,8 @@ class ContextualLanceTable:
     def delete(self, ids: Iterable[str]) -> None:
         """Delete the rows of ``ids`` (absent ids are passed over)."""
         ids = list(ids)
-        for start in range(0, len(ids), _DELETE_CHUNK):
-            self.table.delete(f"id IN ({_quoted(ids[start : start + _DELETE_CHUNK])})")
+        for start in range(0, len(ids), _FILTER_CHUNK):
+            self.table.delete(f"id IN ({_quoted(ids[start : start + _FILTER_CHUNK])})")
 
     def _upsert(self, rows) -> None:
         self.table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
@@ -244,9 +245,11 @@ class ContextualLanceTable:
         import pyarrow as pa
 
         columns = ["id", VECTOR_COLUMN] + (["text"] if "text" in self.table.schema.names else [])
+        if not ids:  # a shard without a valid record
+            return StoreRows({}, np.zeros((0, self.record.dimension), np.float32), [] if "text" in columns else None)
         parts = [
-            self.table.search().where(f"id IN ({_quoted(ids[start : start + _DELETE_CHUNK])})")
-            for start in range(0, len(ids), _DELETE_CHUNK)
+            self.table.search().where(f"id IN ({_quoted(ids[start : start + _FILTER_CHUNK])})")
+            for start in range(0, len(ids), _FILTER_CHUNK)
         ]
         data = pa.concat_tables([part.select(columns).limit(None).to_arrow() for part in parts])
         vectors = data.column(VECTOR_COLUMN).combine_chunks().flatten().to_numpy(zero_copy_only=False)

@@ -277,3 +277,13 @@ def test_a_table_made_from_a_folder_interrupted_is_finished_by_an_update(embedde
     assert len(store) == 8
     assert store.update_from_folder(embedded) == {"added": len(DOCS) - 8, "changed": 0, "deleted": 0, "unchanged": 8}
     assert_level(store, embedded)
+
+
+def test_a_folder_with_an_empty_shard_makes_and_updates_a_table(tiny_cde, tmp_path):
+    docs = [{"_id": d["_id"]} if 8 <= n < 16 else d for n, d in enumerate(DOCS)]  # shard 1: no text, no valid record
+    corpus = write_corpus(tmp_path / "gappy.jsonl", docs)
+    folder = embed(tiny_cde, corpus, tmp_path / "gappy-emb", skip_invalid=True)
+    assert [e["rows"] for e in EmbeddedFolder(folder).manifest["shards"]] == [8, 0, 8, 6]
+    store = ContextualLanceTable.from_folder(tmp_path / "db", "notes", folder, tiny_cde)
+    assert len(store) == len(DOCS) - 8
+    assert store.update_from_folder(folder) == {"added": 0, "changed": 0, "deleted": 0, "unchanged": len(DOCS) - 8}
