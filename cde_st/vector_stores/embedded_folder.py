@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from cde_st.context import fingerprint_array
-from cde_st.corpus import CorpusReader, read_context_file, read_manifest, read_shard
-from cde_st.corpus.corpus_context import CONTEXT_FILE
+from cde_st.corpus import CorpusReader, context_path, read_context_file, read_manifest, read_shard
 from cde_st.data import DataError
 from cde_st.vector_stores.store_record import ForeignStoreError, StoreRecord
 
@@ -68,7 +67,7 @@ class EmbeddedFolder:
         """The folder's context vectors (None for a plain model), checked against the manifest's fingerprint."""
         if self.context_fingerprint is None:
             return None
-        path = self.path / self.manifest.get("context_file", CONTEXT_FILE)  # a later version names its own file
+        path = context_path(self.path, self.manifest)  # a version with a new context names its own file
         vectors = read_context_file(path).vectors
         if fingerprint_array(vectors) != self.context_fingerprint:
             raise ForeignStoreError(

@@ -238,3 +238,20 @@ def test_a_function_whose_model_cannot_be_loaded_works_in_its_process_and_names_
     config = {**collection.configuration_json["embedding_function"]["config"], "batch_size": 7}  # not built yet
     with pytest.raises(FileNotFoundError, match="never-saved"):
         ContextualEmbeddingFunction.build_from_config(config)
+
+
+def test_update_from_a_folder_updated_in_place_by_cde_st_embed_update(stored, corpus):
+    from cde_st.corpus import update_corpus
+
+    model_dir, model, folder, path, collection = stored
+    edited = [dict(d) for d in DOCS if d["_id"] != "d5"]
+    edited[3]["text"] = "a rewritten note about orbits"
+    edited.append({"_id": "d99", "title": "topic 9", "text": "a new note about rain"})
+    write_corpus(Path(corpus), edited)
+    update_corpus(model, corpus, folder, show_progress_bar=False)
+    function = ContextualEmbeddingFunction.from_folder(folder, model)
+    counts = update_collection_from_folder(collection, folder, function)
+    assert counts == {"added": 1, "changed": 1, "deleted": 1, "unchanged": len(DOCS) - 2}
+    assert_level(collection, folder)
+    found = open_collection(fresh_client(path), "notes").query(query_texts=[QUERY], n_results=5)
+    assert found["ids"][0] == [i for i, _ in search_index(folder, model, [QUERY], k=5)[0]]

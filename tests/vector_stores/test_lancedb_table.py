@@ -287,3 +287,30 @@ def test_a_folder_with_an_empty_shard_makes_and_updates_a_table(tiny_cde, tmp_pa
     store = ContextualLanceTable.from_folder(tmp_path / "db", "notes", folder, tiny_cde)
     assert len(store) == len(DOCS) - 8
     assert store.update_from_folder(folder) == {"added": 0, "changed": 0, "deleted": 0, "unchanged": len(DOCS) - 8}
+
+
+def test_update_from_a_folder_updated_in_place_by_cde_st_embed_update(embedded, tiny_cde, corpus, tmp_path):
+    from cde_st.corpus import update_corpus
+
+    store = ContextualLanceTable.from_folder(tmp_path / "lancedb", "notes", embedded, tiny_cde)
+    edited = [dict(d) for d in DOCS if d["_id"] not in ("d5", "d6")]
+    edited[3]["text"] = "a rewritten note about orbits"
+    edited.append({"_id": "d99", "title": "topic 9", "text": "a new note about rain"})
+    write_corpus(Path(corpus), edited)  # the corpus edited in place, as cde-st-embed --update expects
+    update_corpus(tiny_cde, corpus, embedded, show_progress_bar=False)
+    counts = store.update_from_folder(embedded)
+    assert counts == {"added": 1, "changed": 1, "deleted": 2, "unchanged": len(DOCS) - 3}
+    assert_level(store, embedded)
+    hits = ContextualLanceTable.open(tmp_path / "lancedb", "notes", tiny_cde).search(QUERY, k=5)
+    assert [h["id"] for h in hits] == [i for i, _ in search_index(embedded, tiny_cde, [QUERY], k=5)[0]]
+
+
+def test_a_folder_given_a_new_context_is_refused_naming_both(embedded, tiny_cde, corpus, tmp_path):
+    from cde_st.corpus import recontextualize_corpus
+
+    store = ContextualLanceTable.from_folder(tmp_path / "lancedb", "notes", embedded, tiny_cde)
+    recontextualize_corpus(tiny_cde, corpus, embedded, seed=1, show_progress_bar=False)
+    with pytest.raises(ForeignStoreError) as caught:
+        store.update_from_folder(embedded)
+    assert store.record.context_fingerprint in str(caught.value)
+    assert EmbeddedFolder(embedded).context_fingerprint in str(caught.value)
