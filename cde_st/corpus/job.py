@@ -40,14 +40,14 @@ from cde_st.corpus.corpus_context import (
     given_context,
     read_context_file,
 )
-from cde_st.corpus.drift import REFERENCE_FILE, REFERENCE_SIZE, DriftReference, make_reference, rows_below
+from cde_st.corpus.drift import DriftReference, attach_reference
 from cde_st.corpus.encoders import DocumentEncoder, document_prompt
 from cde_st.corpus.fingerprints import model_fingerprint
 from cde_st.corpus.manifest import FORMAT, add_history, check_same_job, read_manifest, write_manifest
 from cde_st.corpus.output_folder import OutputFolder
 from cde_st.corpus.readers import CorpusReader
 from cde_st.corpus.scan import ScanResult, scan_corpus
-from cde_st.corpus.shards import DTYPES, content_hash, shard_name, write_shard
+from cde_st.corpus.shards import DTYPES, content_hash, read_shard, shard_name, write_shard
 from cde_st.corpus.versions import versioned_name
 from cde_st.data import DataError
 from cde_st.evaluation.models import load_options
@@ -229,12 +229,10 @@ _CARRIED = ("generation", "context_file", "drift", "history")
 
 
 def sample_for(request: dict | None) -> BottomKSample | None:
-    """The scan's sample for a context ``request``: the context's J texts and the drift reference's in one bottom-k
-    sample (its smallest hashes are the context), None for a plain model."""
-    if request is None:
+    """The scan's sample for a context ``request`` (None unless the context is sampled from the corpus)."""
+    if request is None or request["source"] != "sample":
         return None
-    size = max(request["size"], 2 * REFERENCE_SIZE) if request["source"] == "sample" else 2 * REFERENCE_SIZE
-    return BottomKSample(size, request.get("seed", 0))
+    return BottomKSample(request["size"], request["seed"])
 
 
 def _prepare(model, reader, out_dir, header, request, old, batch_size, show_progress_bar) -> dict:
@@ -259,11 +257,6 @@ def _prepare(model, reader, out_dir, header, request, old, batch_size, show_prog
     if context is not None:
         manifest["context_file"] = manifest.get("context_file", versioned_name(CONTEXT_FILE, generation))
         context.save(out_dir / manifest["context_file"])
-        if manifest.get("drift") is None and scan.sample:  # made with the context: the corpus the context describes
-            name = versioned_name(REFERENCE_FILE, generation)
-            reference = make_reference(model, context.vectors, scan.sample, batch_size)
-            reference.save(out_dir / name)
-            manifest["drift"] = reference.describe(name)
     manifest["complete"] = False
     write_manifest(out_dir, manifest)
     return manifest
@@ -322,19 +315,18 @@ def _write_shards(model, reader, out_dir: Path, manifest: dict, workers, batch_s
                     write_manifest(out_dir, manifest)
                     bar.update(len(ids))
     bar.close()
-    _finish(manifest, n_shards)
+    _finish(out_dir, manifest, n_shards)
     write_manifest(out_dir, manifest)
 
 
-def _finish(manifest: dict, n_shards: int) -> None:
-    """Mark the manifest complete; the first time, record the share of the corpus unlike the drift reference (the
-    baseline drift is measured from) and the first entry of its history."""
+def _finish(out_dir: Path, manifest: dict, n_shards: int) -> None:
+    """Mark the manifest complete; the first time, make the drift reference from the stored embeddings (with the
+    share of the corpus unlike it, the baseline drift is measured from) and the first entry of the history."""
     manifest["complete"] = True
     manifest["counts"] = {"embedded": sum(e["rows"] for e in manifest["shards"]), "shards": n_shards}
-    rows, below = rows_below(manifest["shards"])
+    if manifest["context"] is not None and manifest.get("drift") is None:
+        attach_reference(out_dir, manifest, (manifest["context"].get("request") or {}).get("seed", 0))
     drift = manifest.get("drift")
-    if drift is not None and drift.get("baseline_share") is None and below is not None:
-        drift["baseline_share"] = below / rows if rows else 0.0
     if not manifest.get("history"):
         embedded = manifest["counts"]["embedded"]
         counts = {"added": embedded, "changed": 0, "deleted": 0, "unchanged": 0}
@@ -346,8 +338,9 @@ def record_shard(out_dir: Path, manifest: dict, k: int, rows: tuple, reference: 
     its manifest entry, with the count of rows unlike the drift reference."""
     name = versioned_name(shard_name(k), manifest.get("generation", 0))
     entry = write_shard(out_dir, name, k, manifest["shard_size"], rows, manifest["dtype"])
-    if reference is not None:
-        entry["below"] = reference.count_below(rows[2])
+    if reference is not None:  # scored as stored (as a reader sees it), like the shards the reference was made from
+        stored = rows[2] if manifest["dtype"] == "float32" else read_shard(out_dir / name, entry["sha256"])[1]
+        entry["below"] = reference.count_below(stored)
     return entry
 
 

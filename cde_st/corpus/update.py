@@ -32,7 +32,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from cde_st.corpus.corpus_context import CONTEXT_FILE, context_path, embed_sampled_context, read_context_file
-from cde_st.corpus.drift import REFERENCE_FILE, DriftReference, make_reference, manifest_drift, rows_below
+from cde_st.corpus.drift import DriftReference, attach_reference, manifest_drift
 from cde_st.corpus.index import write_index
 from cde_st.corpus.job import (
     check_not_empty,
@@ -199,6 +199,8 @@ def _new_version(model, corpus_path, out_dir, request: dict | None, options: dic
             manifest.update(shards=sorted(done.values(), key=lambda e: e["index"]), complete=False)
             write_pending(out, {**manifest, "pending": mark})
             _write_version(model, reader, out, manifest, previous, context, reference, plan, mark, options)
+            if request is not None:
+                attach_reference(out, manifest, request["seed"])
         _switch(out, live, manifest, plan.counts(), kind, options.get("index"), show)
         return manifest
 
@@ -221,11 +223,8 @@ def _context_and_reference(model, out: Path, live: dict, manifest: dict, request
     generation = manifest["generation"]
     manifest.update(context=made.describe(), context_file=versioned_name(CONTEXT_FILE, generation))
     made.save(out / manifest["context_file"])
-    name = versioned_name(REFERENCE_FILE, generation)
-    reference = make_reference(model, made.vectors, scan.sample, batch_size)
-    reference.save(out / name)
-    manifest["drift"] = reference.describe(name)
-    return made.vectors, reference
+    manifest["drift"] = None  # made from the new version's stored embeddings once they are all written
+    return made.vectors, None
 
 
 def _resumes(pending: dict | None, manifest: dict, mark: dict) -> dict | None:
@@ -303,10 +302,6 @@ def _switch(out: Path, live: dict, manifest: dict, counts: dict, kind: str, inde
         else:
             previous = old_index if kind == "update" and old_index else None
             manifest["index"] = write_index(out, manifest, wanted, 0, show, previous=previous)
-    drift = manifest.get("drift")
-    rows, below = rows_below(manifest["shards"])
-    if kind == "recontextualize" and drift is not None and below is not None:
-        drift["baseline_share"] = below / rows if rows else 0.0  # the share when the reference was made: now
     measured = manifest_drift(manifest)
     add_history(manifest, kind, counts, None if measured is None else measured.percent)
     manifest["complete"] = True

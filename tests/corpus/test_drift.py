@@ -56,7 +56,7 @@ def test_drift_stays_near_zero_with_documents_of_the_corpus_kind_and_grows_with_
             manifest = update_corpus(tiny_cde, corpus, out, index="none", show_progress_bar=False)
             drifts[kind, n] = corpus_drift(out).percent
             assert manifest["history"][-1]["drift_percent"] == round(drifts[kind, n], 3)
-    assert all(abs(drifts["same", n]) < 3 for n in (15, 30, 60)), drifts
+    assert all(abs(drifts["same", n]) < 5 for n in (15, 30, 60)), drifts  # measured: 2.0, 1.1, 2.5
     assert drifts["other", 15] < drifts["other", 30] < drifts["other", 60], drifts
     assert drifts["other", 30] > RESAMPLE_ADVISED and corpus_drift(out).advised
     # The hook a benchmark calls: any embeddings, scored against the folder's reference.
@@ -117,7 +117,8 @@ def test_a_recontextualize_that_fails_half_way_leaves_the_old_version_and_resume
     stamp = first.stat().st_mtime_ns
     monkeypatch.setattr(update_module, "record_shard", real)
     manifest = recontextualize_corpus(tiny_cde, corpus, out, seed=5, show_progress_bar=False)
-    assert first.stat().st_mtime_ns == stamp and manifest["shards"][0] == written[0]  # kept, not written again
+    assert first.stat().st_mtime_ns == stamp  # kept, not written again
+    assert {key: value for key, value in manifest["shards"][0].items() if key != "below"} == written[0]
     full = embed_corpus(tiny_cde, corpus, tmp_path / "full", seed=5, shard_size=25, show_progress_bar=False)
     assert manifest["context"]["fingerprint"] == full["context"]["fingerprint"]
     np.testing.assert_allclose(all_rows(out)[1], all_rows(tmp_path / "full")[1], rtol=0, atol=1e-6)
