@@ -107,7 +107,9 @@ def _embed_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="with --drift: print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_backend_options(parser)
+    add_backend_options(
+        parser, default=None, when_unset="torch; with --update / --recontextualize, as the folder records"
+    )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     return parser
 
@@ -157,7 +159,7 @@ def _embed(args: argparse.Namespace) -> None:
         return _print_drift(args)
     if args.update or args.recontextualize:
         return _new_version(args)
-    model = _load(args.model, args.max_seq_length, args.backend, args.onnx_file)
+    model = _load(args.model, args.max_seq_length, args.backend or "torch", args.onnx_file)
     reader_options = {"id_field": None, "text_field": "text", "title_field": "title", "split": None}
     options = {
         "model_name": _model_name(args.model),
@@ -205,7 +207,7 @@ def _new_version(args: argparse.Namespace) -> None:
             else "a new context is sampled from CORPUS (--context-size, --seed)"
         )
         raise ValueError(f"{', '.join(given)} cannot be given with {flag}: {why}.")
-    model = _load(args.model, args.max_seq_length, args.backend, args.onnx_file)
+    model = _load(args.model, *_recorded_loading(args))
     options = {
         "model_name": _model_name(args.model),
         "batch_size": args.batch_size,
@@ -233,6 +235,18 @@ def _new_version(args: argparse.Namespace) -> None:
         f"{(manifest['context'] or {}).get('fingerprint', 'none')})."
     )
     _print_drift(args, quiet_if_none=True)
+
+
+def _recorded_loading(args: argparse.Namespace) -> tuple:
+    """max_seq_length, backend and graph for a new version: as given, else as the folder records them (they are
+    part of the model fingerprint an update must match)."""
+    from cde_st.corpus.manifest import read_manifest
+
+    manifest = (read_manifest(args.out) if Path(args.out).is_dir() else None) or {}
+    recorded = manifest.get("model") or {}
+    backend = args.backend or recorded.get("backend", "torch")
+    onnx_file = args.onnx_file or (recorded.get("onnx_file") if args.backend is None else None)
+    return args.max_seq_length or manifest.get("max_seq_length"), backend, onnx_file
 
 
 def _print_drift(args: argparse.Namespace, quiet_if_none: bool = False) -> None:

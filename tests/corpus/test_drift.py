@@ -68,6 +68,10 @@ def test_drift_stays_near_zero_with_documents_of_the_corpus_kind_and_grows_with_
 def test_a_plain_model_has_no_drift(tiny_plain, tmp_path):
     out = _embedded(tiny_plain, tmp_path)
     assert corpus_drift(out) is None and read_manifest(out).get("drift") is None
+    with pytest.raises(
+        ValueError, match="embedded by a plain model \\(no context\\): there is no context to re-sample"
+    ):
+        recontextualize_corpus(tiny_plain, tmp_path / "v1.jsonl", out, show_progress_bar=False)
 
 
 def test_recontextualize_is_a_full_run_with_the_new_sample_and_resets_the_drift(tiny_cde, tmp_path):

@@ -105,3 +105,14 @@ def test_an_update_naming_a_repeated_id_or_an_unknown_folder_fails_in_one_line(m
     assert "no cde-st-embed folder to update" in capsys.readouterr().err
     assert embed_run([model_dir, v1, "--out", str(tmp_path / "none"), "--drift"]) == 2
     assert "no cde-st-embed folder (no manifest.json)" in capsys.readouterr().err
+
+
+def test_an_update_loads_the_model_as_the_folder_records_it(model_dir, tmp_path, capsys):
+    out, v1 = tmp_path / "out", write_jsonl(tmp_path / "v1.jsonl", DOCS)
+    assert embed_run([model_dir, v1, "--out", str(out), "--quiet", "--max-seq-length", "16", "--index", "none"]) == 0
+    v2 = write_jsonl(tmp_path / "v2.jsonl", [*DOCS, *NEW])
+    assert embed_run([model_dir, v2, "--out", str(out), "--update", "--quiet"]) == 0, capsys.readouterr().err
+    manifest = read_manifest(out)
+    assert manifest["max_seq_length"] == 16 and manifest["counts"]["embedded"] == 66
+    assert embed_run([model_dir, v2, "--out", str(out), "--update", "--quiet", "--max-seq-length", "32"]) == 2
+    assert "model fingerprint" in capsys.readouterr().err
