@@ -1,5 +1,5 @@
 """The HTTP routes: OpenAI's ``/v1/embeddings`` and ``/v1/models``, the context resources ``/v1/contexts``,
-``/health`` (alive), ``/ready`` (warmed up, not draining), ``/metrics``, and their description at ``/openapi.json``
+``/health`` (alive), ``/ready`` (warmed up, model process up, not draining), ``/metrics``, and their description at ``/openapi.json``
 and ``/docs``.
 
 Bodies are read and validated here (not by FastAPI's models) so that every fault, including malformed JSON, a
@@ -31,6 +31,7 @@ from cde_st.serving.engine import Batch, Engine
 from cde_st.serving.errors import ApiError
 from cde_st.serving.metrics import Metrics
 from cde_st.serving.openapi import route_docs
+from cde_st.serving.readiness import Readiness
 from cde_st.serving.requests import check_content_type, parse_context, parse_embeddings, parse_json
 from cde_st.serving.tokens import Tokens
 from cde_st.serving.traffic import Traffic, TrafficState
@@ -99,7 +100,12 @@ class _Service:
             on_abandoned=self.metrics.abandoned_texts.inc,
         )
         engine.waiting = lambda: self.batcher.pending  # a context creation lets queued embeddings go first
-        self.warmed = False  # the model answered a warm-up forward
+        self.readiness = Readiness(
+            engine,
+            settings.forward_overhead_tokens,
+            self.metrics.forward_overhead.set,
+            lambda: self.resolve_context(None),
+        )
         self._warned_agents: set[str] = set()
         self.api_key = settings.api_key.encode("utf-8") if settings.api_key else None
 
@@ -312,35 +318,13 @@ class _Service:
         return _json(200, {"status": "ok", "model": self.engine.served_name})
 
     async def ready(self, request: Request) -> Response:
-        """200 once the model has answered a warm-up forward; 503 before, and while draining (the middleware
-        answers those), so a load balancer sends nothing to a replica that cannot answer yet."""
-        if not self.warmed:
-            raise ApiError(503, "The model is still loading.", code="not_ready", headers={"Retry-After": "1"})
+        """200 once the model has answered a warm-up forward and, with a model process, while it runs; 503 before,
+        while a new model process starts, and while draining (the middleware answers those), so a load balancer
+        sends nothing to a replica that cannot answer (:mod:`cde_st.serving.readiness`)."""
+        problem = self.readiness.problem()
+        if problem is not None:
+            raise ApiError(503, problem, code="not_ready", headers={"Retry-After": "1"})
         return _json(200, {"status": "ready", "model": self.engine.served_name})
-
-    async def warm_up(self) -> None:
-        """One forward of one text, so the first request does not pay for lazy initialisation, then (with
-        ``forward_overhead_tokens="auto"``) the forwards that measure what one more forward costs, which decides
-        where batches are cut (:meth:`Engine.measure_forward_overhead`); then ready."""
-        loop = asyncio.get_running_loop()
-        engine, overhead = self.engine, self.settings.forward_overhead_tokens
-        tokens = await loop.run_in_executor(engine.tokenizer_executor, engine.tokenize, ["warm up"], None)
-        context = self.resolve_context(None)
-        try:
-            await loop.run_in_executor(engine.executor, engine.embed_tokens, [tokens], context)
-            if overhead == "auto":
-                probes = await loop.run_in_executor(engine.tokenizer_executor, engine.forward_probes)
-                overhead = await loop.run_in_executor(engine.executor, engine.measure_forward_overhead, probes, context)
-                if overhead is not None:
-                    logger.info("One more forward costs about %.0f tokens: batches are cut where padding costs more.",
-                                overhead)  # fmt: skip
-            else:
-                engine.forward_overhead_tokens = overhead
-            self.metrics.forward_overhead.set(overhead or 0)
-        except Exception:  # e.g. a model giving NaN: the server still answers (errors), /ready says it is not ready
-            logger.exception("The warm-up forward failed: /ready answers 503.")
-            return
-        self.warmed = True
 
     async def prometheus(self, request: Request) -> Response:
         if self.engine.contextual:
@@ -408,10 +392,12 @@ def create_app(engine: Engine, store: ContextStore, settings: Settings | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service.batcher.start()
-        await service.warm_up()
+        await service.readiness.warm_up()
+        watch = asyncio.create_task(service.readiness.watch())  # restarts a model process that ended
         try:
             yield
         finally:
+            watch.cancel()
             await service.batcher.stop()
             engine.close()
 

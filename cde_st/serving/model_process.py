@@ -14,8 +14,11 @@ Messages after that are plain pickles of NumPy arrays (no shared-memory file per
 cross once, the first time a batch uses it; when the server lets the context go (deleted, replaced), the child
 is told with the next batch and frees its keys/values.
 
-If the child dies (killed, out of memory), the batch in flight fails with :class:`ModelProcessFailed` and the next
-batch starts a new child.
+If the child dies (killed, out of memory, while loading or later), the batch in flight fails with
+:class:`ModelProcessFailed` and a new child is started: by the next batch, or sooner by the server's readiness watch
+(:mod:`cde_st.serving.readiness`), which calls :meth:`ModelProcess.ensure_ready` between batches. A new child rather
+than 503 for good: the weights are in shared memory already, so a restart takes the seconds of a child's start, and
+the server's ``/ready`` answers 503 meanwhile (:attr:`ModelProcess.ready`), so a load balancer routes elsewhere.
 """
 
 from __future__ import annotations
@@ -111,6 +114,38 @@ class ModelProcess:
         self._ready = True
 
     @property
+    def ready(self) -> bool:
+        """Whether a child is running and has answered that it is ready (False while it loads, and once it ended)."""
+        return self._ready and self.running
+
+    def ensure_ready(self) -> None:
+        """Start a new child if none runs (the last one ended) and wait until it is ready; call it where forwards
+        run (the server's model thread). :class:`ModelProcessFailed` if the child cannot start or dies loading."""
+        with self._lock:
+            try:
+                self._ensure_ready()
+            except (EOFError, OSError) as exc:
+                raise self._ended(exc) from exc
+
+    def _ensure_ready(self) -> None:
+        if self._process is not None and not self.running:  # died since the last batch (or while loading)
+            logger.warning("The model's process ended (exit code %s); starting a new one.", self._process.exitcode)
+            self._stop(kill=True)
+        if self._process is None:
+            self.start()
+        if not self._ready:
+            self._wait_ready()
+
+    def _ended(self, exc: BaseException) -> ModelProcessFailed:
+        """The error for a child that ended under a call (its pipe closed), once it is reaped."""
+        code = None
+        if self._process is not None:
+            self._process.join(STOP_TIMEOUT)  # its exit code, for the message
+            code = self._process.exitcode
+        self._stop(kill=True)
+        return ModelProcessFailed(f"The model's process ended (exit code {code}); retry: a new one starts.")
+
+    @property
     def running(self) -> bool:
         """Whether a child was started and has not ended (read from its sentinel, not ``is_alive()``, whose
         waitpid cannot tell once something else in the process reaped the child)."""
@@ -148,23 +183,12 @@ class ModelProcess:
         batch, the forwards it took); :attr:`cache` is updated. Errors the forward raises are raised here;
         :class:`ModelProcessFailed` when the child died (the next call starts another)."""
         with self._lock:
-            if self._process is not None and not self.running:  # died between batches
-                logger.warning("The model's process ended (exit code %s); starting a new one.", self._process.exitcode)
-                self._stop(kill=True)
-            if self._process is None:
-                self.start()
             try:
-                if not self._ready:
-                    self._wait_ready()
+                self._ensure_ready()
                 self._conn.send_bytes(pickle.dumps(self._message(parts, context, overhead_tokens), protocol=5))
                 status, detail = self._receive()
             except (EOFError, OSError) as exc:
-                self._process.join(STOP_TIMEOUT)  # its exit code, for the message
-                code = self._process.exitcode
-                self._stop(kill=True)
-                raise ModelProcessFailed(
-                    f"The model's process ended (exit code {code}); retry: a new one starts."
-                ) from exc
+                raise self._ended(exc) from exc
         if status == "error":
             raise detail
         self.cache = detail.cache

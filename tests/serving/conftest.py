@@ -60,8 +60,8 @@ def start_server(tmp_path):
     """Factory: start a server (``start_server(model, *flags, env=...)``); every server is stopped at the end."""
     servers: list[Server] = []
 
-    def start(model: str, *args: str, env: dict | None = None, fresh: bool = False) -> Server:
-        server = Server(model, tmp_path / f"server-{len(servers)}.log", *args, env=env, fresh=fresh)
+    def start(model: str, *args: str, env: dict | None = None, fresh: bool = False, started=None) -> Server:
+        server = Server(model, tmp_path / f"server-{len(servers)}.log", *args, env=env, fresh=fresh, started=started)
         servers.append(server)
         return server
 

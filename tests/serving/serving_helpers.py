@@ -22,7 +22,9 @@ LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 class Server:
     """One ``python -m cde_st.serving`` process (what the ``cde-st-serve`` script runs), its output in a log file."""
 
-    def __init__(self, model: str, log: Path, *args: str, env: dict | None = None, fresh: bool = False) -> None:
+    def __init__(
+        self, model: str, log: Path, *args: str, env: dict | None = None, fresh: bool = False, started=None
+    ) -> None:
         self.log = log
         full_env = dict(os.environ)
         full_env.update(
@@ -32,6 +34,8 @@ class Server:
         command = ["-m", "cde_st.serving", model, "--port", "0", "--log-level", "warning", *args]
         # a real process, from the forkserver with sentence-transformers preloaded unless ``fresh``
         self.proc = start_python(command, log=log, env=full_env, fresh=fresh)
+        if started is not None:  # a test acts on the process while it loads: started(proc)
+            started(self.proc)
         self.url = self._wait_ready(timeout=120)
 
     def _wait_ready(self, timeout: float) -> str:

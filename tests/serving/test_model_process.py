@@ -112,6 +112,23 @@ def test_a_child_that_dies_fails_one_batch_at_most_and_is_replaced(engines):
     assert process.starts == starts + 2
 
 
+def test_ready_follows_the_child_and_ensure_ready_replaces_it(engines):
+    """What /ready reads: a child that ended is not ready, even before anything is sent to it; ensure_ready (the
+    server's watch) starts a new one without a batch."""
+    apart, _ = engines
+    process = apart.model_process
+    process.ensure_ready()
+    assert process.ready
+    first, starts = process.pid, process.starts
+    os.kill(first, signal.SIGKILL)
+    # Not ready once it has ended: /proc says "zombie" as soon as its main thread exits, its pipes close (and a
+    # waitpid reports it) when its last thread has.
+    _until(lambda: not process.ready, "the ended child seen as not ready", limit=30)
+    assert not process.running
+    process.ensure_ready()
+    assert process.ready and process.pid != first and process.starts == starts + 1
+
+
 def test_close_ends_the_child(plain_dir):
     engine = Engine(SentenceTransformer(plain_dir), model_process=True)
     local = Engine(SentenceTransformer(plain_dir))
@@ -147,12 +164,42 @@ def test_a_model_off_the_cpu_is_refused_with_the_option_named(cde_dir, monkeypat
 
 def _model_child(server_pid: int) -> int:
     """The server's model process: its child running multiprocessing's spawn (not the resource tracker)."""
-    threads = Path(f"/proc/{server_pid}/task").iterdir()  # a child is listed under the thread that started it
-    for pid in [p for thread in threads for p in (thread / "children").read_text().split()]:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        if b"spawn_main" in command:
-            return int(pid)
-    raise AssertionError("the server has no model process")
+    found = _model_children(server_pid)
+    if not found:
+        raise AssertionError("the server has no model process")
+    return found[0]
+
+
+def _model_children(server_pid: int) -> list[int]:
+    children = []
+    for thread in Path(f"/proc/{server_pid}/task").iterdir():  # a child is listed under the thread that started it
+        try:
+            children += (thread / "children").read_text().split()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    found = []
+    for pid in children:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except FileNotFoundError:
+            continue
+        if b"spawn_main" in command and process_running(int(pid)):
+            found.append(int(pid))
+    return found
+
+
+def _until(condition, what: str, limit: float = 180):
+    """Poll ``condition`` (bounded in time: a model process starts in seconds, a busy machine's minute allowed)."""
+    deadline = time.monotonic() + limit
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"{what}: not within {limit} s"
+        time.sleep(0.1)
+    return value
+
+
+def _ready(server) -> int:
+    with server.client(key=None, timeout=30) as client:
+        return client.get("/ready").status_code
 
 
 def _embed(server, texts: list[str], context: str = "default") -> np.ndarray:
@@ -194,3 +241,31 @@ def test_a_server_answers_through_its_model_process(cde_dir, cde_model, start_se
     assert re.search(r"^cde_st_forwards_total [1-9]", metrics, re.M)
     assert server.stop() == 0  # SIGTERM: the server ends its model process
     assert wait_until_ended(replaced)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads a process's children from /proc")
+def test_readiness_follows_the_model_process(cde_dir, cde_model, start_server):
+    """A model process killed while it loads, or after it served, is replaced without waiting for a request, and
+    /ready answers 503 until the new one has answered (once /ready stayed 503 for good while embeddings were 200)."""
+    pytest.importorskip("fastapi", reason="the server needs the serve extra (pip install -e '.[dev]')")
+    killed: list[int] = []
+
+    def kill_it_while_it_loads(proc) -> None:  # its interpreter takes seconds to import torch: it is still loading
+        child = _until(lambda: proc.poll() is None and _model_children(proc.pid), "the model process starting")[0]
+        os.kill(child, signal.SIGKILL)
+        killed.append(child)
+
+    server = start_server(cde_dir, "--model-process", "--served-model-name", "tiny-cde", "--truncate", fresh=True,
+                          started=kill_it_while_it_loads)  # fmt: skip
+    _until(lambda: _ready(server) == 200, "/ready after the model process was killed while loading")
+    first = _model_child(server.proc.pid)
+    assert first != killed[0]
+    expected = cde_model.encode(QUERIES, prompt=cde_model.prompts["query"])
+    assert np.abs(_embed(server, QUERIES) - expected).max() <= 1e-5
+    os.kill(first, signal.SIGKILL)
+    # Not ready once it has ended (its last thread gone), until a new one, started without a request, answered.
+    _until(lambda: _ready(server) == 503, "/ready answering 503 for the ended model process", limit=30)
+    _until(lambda: _ready(server) == 200, "/ready after the model process was killed")
+    assert _model_child(server.proc.pid) != first
+    assert np.abs(_embed(server, QUERIES) - expected).max() <= 1e-5
+    assert server.stop() == 0
