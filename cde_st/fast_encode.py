@@ -10,7 +10,8 @@ cde_st's ``ContextualTransformer``), but:
 - tokenises ahead, ``chunk_size`` texts per call of the model's own ``preprocess`` (so the fast tokenizer sees many
   texts at once), in a background thread while the device works on the previous chunk;
 - sorts each chunk by token count and cuts batches of at most ``batch_size`` rows and, with ``batch_tokens``, at most
-  that many padded tokens (rows x longest row), so padding is small and short texts go in larger batches;
+  that many padded tokens (rows x longest row), so padding is small and short texts go in larger batches (the plan
+  the server follows too: :func:`cde_st.modules.batch_plan.plan_batches`);
 - packs every batch of a chunk into one flat buffer per feature (pinned on CUDA) and copies it to the device in one
   non-blocking copy;
 - keeps the embeddings on the device and copies them to the host once, at the end.
@@ -48,8 +49,9 @@ from sentence_transformers.util.quantization import quantize_embeddings
 from tqdm.auto import tqdm
 
 from cde_st.model import contextual_module, is_contextual
+from cde_st.modules.batch_plan import longest_first_order, plan_batches
 
-__all__ = ["KINDS", "encode_fast", "token_budget_batches"]
+__all__ = ["KINDS", "encode_fast"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,31 +62,6 @@ _DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")  # encode_document's 
 
 class _CannotCut(Exception):
     """The model's features cannot be cut into batches from a chunk: ``model.encode`` runs instead."""
-
-
-def token_budget_batches(lengths: Sequence[int], batch_size: int, batch_tokens: int | None = None) -> list[tuple]:
-    """Batches over rows sorted by decreasing token count: ``(start, end)`` row ranges of at most ``batch_size`` rows
-    and, with ``batch_tokens``, at most that many padded tokens (rows x the batch's first, longest row; a row longer
-    than the budget is a batch of its own; a row counts as one token at least).
-
-    Example:
-        >>> token_budget_batches([10, 8, 8, 3, 2, 1], batch_size=4, batch_tokens=20)
-        [(0, 2), (2, 4), (4, 6)]
-    """
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
-    if batch_tokens is not None and batch_tokens <= 0:
-        raise ValueError(f"batch_tokens must be a positive integer or None, got {batch_tokens}.")
-    lengths = [int(n) for n in lengths]
-    if any(a < b for a, b in zip(lengths, lengths[1:])):
-        raise ValueError("token_budget_batches needs lengths sorted in decreasing order.")
-    batches, start = [], 0
-    while start < len(lengths):
-        rows = batch_size if batch_tokens is None else min(batch_size, max(1, batch_tokens // max(lengths[start], 1)))
-        end = min(len(lengths), start + rows)
-        batches.append((start, end))
-        start = end
-    return batches
 
 
 def _resolve_prompt(model: SentenceTransformer, kind: str, prompt_name: str | None, prompt: str | None) -> str | None:
@@ -164,8 +141,8 @@ def _pack_chunk(
             f"a per-row feature is not (rows, length): { {k: tuple(v.shape) for k, v in tensors.items()} }"
         )
     shared = {k: v for k, v in features.items() if k not in tensors}
-    order = np.argsort(-lengths, kind="stable")
-    spans = token_budget_batches(lengths[order], options["batch_size"], options["batch_tokens"])
+    order = longest_first_order(lengths)
+    spans = plan_batches(lengths[order], options["batch_size"], options["batch_tokens"])
     shapes = [(end - start, int(lengths[order[start]])) for start, end in spans]
     total = sum(rows * width for rows, width in shapes)
     index = torch.from_numpy(order)
@@ -274,7 +251,7 @@ def _check_arguments(model, kind, batch_size, batch_tokens, chunk_size, precisio
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}.")
-    token_budget_batches([], batch_size, batch_tokens)  # checks both
+    plan_batches([], batch_size, batch_tokens)  # checks both
     if precision is not None and precision not in ("float32", "int8", "uint8", "binary", "ubinary"):
         raise ValueError(f"Precision {precision!r} is not supported.")
     if "task" in kwargs:

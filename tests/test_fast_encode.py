@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cde_st import encode_fast
-from cde_st.fast_encode import _pack_chunk, token_budget_batches
+from cde_st.fast_encode import _pack_chunk
 
 TOL = 1e-6
 
@@ -178,20 +178,6 @@ def test_batches_are_the_tokenizer_output_of_their_rows(plain_model):
             assert sorted(seen) == list(range(100, 100 + len(texts)))
         finally:
             tokenizer.padding_side = "right"
-
-
-def test_token_budget_batches_cut_at_the_budget():
-    assert token_budget_batches([4, 4, 4, 4], batch_size=8, batch_tokens=8) == [(0, 2), (2, 4)]  # exactly at it
-    assert token_budget_batches([5, 4, 4, 4], batch_size=8, batch_tokens=9) == [(0, 1), (1, 3), (3, 4)]
-    assert token_budget_batches([30, 2, 2], batch_size=8, batch_tokens=10) == [(0, 1), (1, 3)]  # over it: alone
-    assert token_budget_batches([3] * 5, batch_size=2) == [(0, 2), (2, 4), (4, 5)]
-    assert token_budget_batches([0, 0], batch_size=4, batch_tokens=1) == [(0, 1), (1, 2)]  # a row counts 1 at least
-    assert token_budget_batches([], batch_size=1) == []
-    for bad in (dict(batch_size=0), dict(batch_size=2, batch_tokens=0)):
-        with pytest.raises(ValueError):
-            token_budget_batches([1], **bad)
-    with pytest.raises(ValueError, match="decreasing"):
-        token_budget_batches([1, 2], batch_size=2)
 
 
 def test_batch_boundaries_at_the_budget_give_the_same_embeddings(plain_model):

@@ -35,6 +35,7 @@ from sentence_transformers.util import batch_to_device
 from cde_st.backend_options import loading_kwargs
 from cde_st.context import ContextInfo
 from cde_st.model import ContextualSentenceTransformer, is_contextual
+from cde_st.modules.first_stage_batches import in_input_order
 from cde_st.modules.freshness import first_stage_fingerprint
 from cde_st.released import is_released_checkpoint, resolve_name
 from cde_st.serving import defaults
@@ -271,11 +272,8 @@ class Engine:
 
     def _stored(self, name: str, info: ContextInfo, batches: list) -> StoredContext:
         """The context of the first stage's ``batches`` (positions, vectors), back in sample order."""
-        if batches:
-            order = np.concatenate([positions for positions, _ in batches])
-            vectors = torch.cat([chunk for _, chunk in batches])[torch.as_tensor(np.argsort(order))]
-        else:
-            vectors = torch.zeros(0, self.dimension)
+        module = self.model.contextual_module
+        vectors = in_input_order(batches, module.hidden_size, torch.device("cpu"))
         return StoredContext(
             name=name,
             fingerprint=info.fingerprint,

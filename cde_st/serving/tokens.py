@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from cde_st.modules.batch_plan import longest_first_order, plan_batches
 from cde_st.text_bounds import bound_texts
 
-__all__ = ["RequestTokenizer", "Tokens", "plan_forwards"]
+__all__ = ["RequestTokenizer", "Tokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -145,13 +146,14 @@ class RequestTokenizer:
         """The forwards of a batch of requests (in the model's thread): (positions of the texts in the batch, their
         features), longest texts first, each of at most ``max_batch_size`` texts and, when given,
         ``max_batch_tokens`` tokens counted with padding (texts times the longest; one text at least). With
-        ``overhead_tokens`` (what one more forward costs, in padded tokens: :func:`plan_forwards`) the sorted
-        texts are cut where padding would cost more than another forward; without it, as full as allowed."""
+        ``overhead_tokens`` (what one more forward costs, in padded tokens) the sorted texts are cut where padding
+        would cost more than another forward; without it, as full as allowed (the plan encode_fast follows too:
+        :func:`cde_st.modules.batch_plan.plan_batches`)."""
         lengths = np.concatenate([part.lengths for part in parts])
-        order = np.argsort(-lengths, kind="stable")
+        order = longest_first_order(lengths)
         merged = self._merge(parts) if all(p.features is not None for p in parts) else None
         texts = [t for part in parts for t in part.texts]
-        for start, stop in plan_forwards(lengths[order], max_batch_size, max_batch_tokens, overhead_tokens):
+        for start, stop in plan_batches(lengths[order], max_batch_size, max_batch_tokens, overhead_tokens):
             positions = order[start:stop]
             if merged is None:
                 features = dict(self.model.preprocess([texts[i] for i in positions], prompt=parts[0].prompt))
@@ -174,39 +176,3 @@ class RequestTokenizer:
             ]
             merged[key] = torch.cat(rows)
         return merged
-
-
-def plan_forwards(
-    lengths: np.ndarray, max_size: int, max_tokens: int | None = None, overhead_tokens: float | None = None
-) -> list[tuple[int, int]]:
-    """Where to cut texts sorted longest first (``lengths``: tokens per text) into forwards: ``(start, stop)``
-    ranges of at most ``max_size`` texts and ``max_tokens`` padded tokens (texts times the longest; one text at
-    least). Without ``overhead_tokens`` each forward is as full as allowed. With it, the cuts minimise the padded
-    tokens of all forwards plus ``overhead_tokens`` per forward: on a CPU a forward of few short texts costs about
-    as much as a few dozen more tokens (the weights are read once per forward), so a batch of a long text and
-    many short ones runs faster as two forwards than padded to the long one; where a forward's own cost is large
-    (a GPU) the overhead is large and the plan keeps full forwards."""
-    n = len(lengths)
-    widths = np.maximum(np.asarray(lengths, dtype=np.int64), 1)
-
-    def longest_from(start: int) -> int:
-        size = min(max_size, n - start)
-        if max_tokens is not None:  # sorted: the range's first text is its longest
-            size = min(size, max(1, max_tokens // int(widths[start])))
-        return size
-
-    # step[i]: the size of the forward starting at text i. With a cost, best[i] is the least cost of the texts from
-    # i to the end, a range from i costing overhead + size x widths[i].
-    step = np.array([longest_from(start) for start in range(n)], dtype=np.int64)
-    if overhead_tokens is not None:
-        best = np.zeros(n + 1)
-        for start in range(n - 1, -1, -1):
-            sizes = np.arange(1, step[start] + 1)
-            costs = overhead_tokens + sizes * widths[start] + best[start + sizes]
-            pick = len(costs) - 1 - int(np.argmin(costs[::-1]))  # on a tie, the fuller forward
-            best[start], step[start] = costs[pick], sizes[pick]
-    cuts, start = [], 0
-    while start < n:
-        cuts.append((start, start + int(step[start])))
-        start += int(step[start])
-    return cuts

@@ -10,8 +10,8 @@ from sample_texts import SHORT_DOCS
 from serving_helpers import MAX_SEQ_LENGTH
 
 from cde_st import ContextualSentenceTransformer
+from cde_st.modules.batch_plan import plan_batches
 from cde_st.serving.engine import Engine
-from cde_st.serving.tokens import plan_forwards
 
 
 def _covers(cuts, n):
@@ -20,17 +20,17 @@ def _covers(cuts, n):
 
 def test_without_a_cost_forwards_are_as_full_as_allowed():
     lengths = np.array([30, 20, 20, 10, 10, 10, 5])
-    assert plan_forwards(lengths, 4) == [(0, 4), (4, 7)]
-    assert plan_forwards(lengths, 8, max_tokens=60) == [(0, 2), (2, 5), (5, 7)]  # 2x30, 3x20, 2x10
-    assert plan_forwards(np.array([100, 1]), 8, max_tokens=50) == [(0, 1), (1, 2)]  # one text at least
+    assert plan_batches(lengths, 4) == [(0, 4), (4, 7)]
+    assert plan_batches(lengths, 8, max_tokens=60) == [(0, 2), (2, 5), (5, 7)]  # 2x30, 3x20, 2x10
+    assert plan_batches(np.array([100, 1]), 8, max_tokens=50) == [(0, 1), (1, 2)]  # one text at least
 
 
 def test_a_long_text_does_not_pad_many_short_ones():
     lengths = np.array([60] + [10] * 15)
     # one forward: 16 x 60 = 960 padded tokens; two: 60 + 15 x 10 = 210, plus one more forward's cost
-    assert plan_forwards(lengths, 32, overhead_tokens=40) == [(0, 1), (1, 16)]
-    assert plan_forwards(lengths, 32, overhead_tokens=5000) == [(0, 16)]  # a forward costs more than padding
-    assert plan_forwards(np.array([20] * 10), 32, overhead_tokens=40) == [(0, 10)]  # nothing to gain: one forward
+    assert plan_batches(lengths, 32, overhead_tokens=40) == [(0, 1), (1, 16)]
+    assert plan_batches(lengths, 32, overhead_tokens=5000) == [(0, 16)]  # a forward costs more than padding
+    assert plan_batches(np.array([20] * 10), 32, overhead_tokens=40) == [(0, 10)]  # nothing to gain: one forward
 
 
 @pytest.mark.parametrize("overhead", [0.0, 1.0, 45.0, 1e6])
@@ -39,13 +39,13 @@ def test_the_limits_hold_and_every_text_is_in_one_forward(overhead, max_tokens):
     rng = np.random.default_rng(0)
     for _ in range(20):
         lengths = np.sort(rng.integers(1, 120, size=rng.integers(1, 80)))[::-1]
-        cuts = plan_forwards(lengths, 16, max_tokens, overhead)
+        cuts = plan_batches(lengths, 16, max_tokens, overhead)
         _covers(cuts, len(lengths))
         for start, stop in cuts:
             assert 1 <= stop - start <= 16
             assert max_tokens is None or stop - start == 1 or (stop - start) * lengths[start] <= max_tokens
         cost = sum(overhead + (stop - start) * lengths[start] for start, stop in cuts)
-        full = plan_forwards(lengths, 16, max_tokens)
+        full = plan_batches(lengths, 16, max_tokens)
         assert cost <= sum(overhead + (stop - start) * lengths[start] for start, stop in full) + 1e-9
 
 
