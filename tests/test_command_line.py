@@ -98,3 +98,20 @@ def test_a_number_in_range_is_parsed():
         Number(int, at_least=1)("2.5")
     args = serve_parser().parse_args(["m", "--max-body-mb", "0.5", "--port", "0", "--forward-overhead-tokens", "off"])
     assert (args.max_body_mb, args.port, args.forward_overhead_tokens) == (0.5, 0, None)
+
+
+def test_parsing_the_server_s_options_loads_no_heavy_library():
+    """``cde-st-serve --help`` and its ``--workers`` parent parse with CommandParser and Number: command_line imports
+    torch and the hub client only where they are used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from cde_st.serving.serve_command import build_parser\n"
+        "build_parser().parse_args(['m', '--max-body-mb', '2'])\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'huggingface_hub') if m in sys.modules))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["[]"]
