@@ -59,7 +59,9 @@ def default_vocab_file() -> str:
 
 
 def generate(args: argparse.Namespace) -> dict:
-    spec = DomainSpec(args.vocab_size, args.zipf, args.doc_words, args.query_words, args.noise_words)
+    spec = DomainSpec(
+        args.vocab_size, args.zipf, args.doc_words, args.query_words, args.noise_words, args.each_word_once
+    )
     vocab = read_vocabulary(args.vocab_file or default_vocab_file(), spec.vocab_size, args.seed, args.min_word_length)
     train = [
         make_domain(vocab, spec, index=i, seed=args.seed, documents=args.train_pairs, queries=args.train_pairs)
@@ -115,21 +117,25 @@ def bag_of_words_rows(vocab: list[str], heldout: list, j: int = 64) -> dict:
     """Cosine over word-count vectors, the shape of what a mean-pooled encoder can do at best: raw counts (a mean
     counts a repeated word again), presence (each word once), counts centred on the mean of J documents (the linear
     corpus correction the kit has), counts with each word weighted by 1 / (1 + J * its mean count in J documents) (a
-    per-word weight that J documents of the corpus give) and TF-IDF with the whole domain's IDF."""
+    per-word weight that J documents of the corpus give), presence weighted by the IDF of those J documents
+    (log((J + 1) / (1 + df))) and TF-IDF with the whole domain's IDF."""
     index = {w: i for i, w in enumerate(vocab)}
-    keys = ("counts", "presence", "counts_centred", "counts_context_weighted", "tfidf_domain")
+    keys = ("counts", "presence", "counts_centred", "counts_context_weighted", "presence_context_idf", "tfidf_domain")
     rows: dict[str, dict] = {key: {"domains": {}} for key in keys}
     for domain in heldout:
         docs = term_counts(domain.documents, index)
         queries = term_counts(domain.queries, index)
-        mean = docs[np.random.default_rng(0).choice(len(docs), j, replace=False)].mean(axis=0)
+        sample = docs[np.random.default_rng(0).choice(len(docs), j, replace=False)]
+        mean = sample.mean(axis=0)
         weight = 1.0 / (1.0 + j * mean)
+        context_idf = np.log((j + 1) / (1 + (sample > 0).sum(axis=0)))
         domain_idf = idf(document_frequency(docs), len(docs))
         for key, (q, d) in {
             "counts": (queries, docs),
             "presence": (queries, (docs > 0).astype(float)),
             "counts_centred": (queries - mean, docs - mean),
             "counts_context_weighted": (queries * weight, docs * weight),
+            "presence_context_idf": ((queries > 0) * context_idf, (docs > 0) * context_idf),
             "tfidf_domain": (queries * domain_idf, docs * domain_idf),
         }.items():
             rows[key]["domains"][domain.name] = cosine_ndcg(q, d, domain.targets)
@@ -261,6 +267,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen.add_argument("--doc-words", type=int, default=40)
     gen.add_argument("--query-words", type=int, default=2, help="distinct words of the target document")
     gen.add_argument("--noise-words", type=int, default=2, help="words drawn from the domain's law")
+    gen.add_argument(
+        "--each-word-once", action="store_true", help="write each drawn word of a document once (no repeats)"
+    )
     gen.add_argument("--train-domains", type=int, default=64)
     gen.add_argument("--train-pairs", type=int, default=64, help="pairs (documents) per training domain")
     gen.add_argument("--heldout-domains", type=int, default=8)

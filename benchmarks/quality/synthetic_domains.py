@@ -3,7 +3,7 @@
 Every domain draws its words from one shared vocabulary of real words (whole-word tokens of a BERT WordPiece
 vocabulary, so each word is one token), under a Zipf law over the domain's own random permutation of that
 vocabulary: the same word is a stop word in one domain and a rare, decisive term in another. A document is
-``doc_words`` words drawn from its domain's law; a query is ``query_words`` distinct words of its target document
+``doc_words`` words drawn from its domain's law (with ``each_word_once``, each drawn word written once); a query is ``query_words`` distinct words of its target document
 plus ``noise_words`` words drawn from the domain's law, shuffled. No single text says which of a query's words are
 the rare ones; the corpus does.
 
@@ -42,6 +42,9 @@ class DomainSpec:
     doc_words: int = 40
     query_words: int = 2
     noise_words: int = 2
+    # Each document holds each of its drawn words once (in a random order): what a word is worth then depends on the
+    # corpus alone, not also on how often it repeats within the text (which a mean-pooled embedding over-counts).
+    each_word_once: bool = False
 
     def __post_init__(self) -> None:
         if self.vocab_size < 2 or self.doc_words < 1 or self.query_words < 1 or self.noise_words < 0:
@@ -99,6 +102,8 @@ def make_domain(vocab: list[str], spec: DomainSpec, *, index: int, seed: int, do
     law = zipf_law(spec, rng)
     words = np.asarray(vocab)
     docs = rng.choice(spec.vocab_size, (documents, spec.doc_words), p=law)
+    if spec.each_word_once:
+        docs = [rng.permutation(np.unique(row)) for row in docs]
     targets = rng.choice(documents, queries, replace=False)
     query_rows = [_query(docs[t], law, spec, rng) for t in targets]
     return Domain(

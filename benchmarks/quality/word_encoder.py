@@ -30,8 +30,12 @@ def benchmark_words(data: Path) -> list[str]:
     return generator["vocabulary"]
 
 
-def build_word_encoder(out: Path, words: list[str], hidden: int, layers: int, heads: int, seed: int) -> Path:
-    """Write a random BERT (``hidden`` wide, ``layers`` deep) with a WordPiece tokenizer over ``words`` to ``out``."""
+def build_word_encoder(
+    out: Path, words: list[str], hidden: int, layers: int, heads: int, seed: int, positions: bool = True
+) -> Path:
+    """Write a random BERT (``hidden`` wide, ``layers`` deep) with a WordPiece tokenizer over ``words`` to ``out``.
+    ``positions=False`` zeroes the position embeddings at initialisation: the benchmark's texts are bags of words,
+    and a position vector shared by every text is a component common to all embeddings that hides the words."""
     out.mkdir(parents=True, exist_ok=True)
     marks = sorted(set(string.punctuation + string.digits) - set(words))
     vocab = SPECIALS + marks + [w for w in words if w not in marks]
@@ -48,7 +52,12 @@ def build_word_encoder(out: Path, words: list[str], hidden: int, layers: int, he
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
-    BertModel(config, add_pooling_layer=False).save_pretrained(out)
+    model = BertModel(config, add_pooling_layer=False)
+    if not positions:
+        with torch.no_grad():
+            model.embeddings.position_embeddings.weight.zero_()
+            model.embeddings.token_type_embeddings.weight.zero_()
+    model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     write_sentence_transformers_files(out, hidden)
     return out
@@ -62,9 +71,16 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-positions", action="store_true", help="zero the position embeddings at initialisation")
     args = parser.parse_args()
     path = build_word_encoder(
-        Path(args.out), benchmark_words(Path(args.data)), args.hidden, args.layers, args.heads, args.seed
+        Path(args.out),
+        benchmark_words(Path(args.data)),
+        args.hidden,
+        args.layers,
+        args.heads,
+        args.seed,
+        positions=not args.no_positions,
     )
     print(path)
 

@@ -46,7 +46,7 @@ CONTEXT_ATTENTIONS = ("joint", "cached")
 PREFIX_POSITIONS = ("none", "sequence", "sequence_except_context")
 LOCAL_ATTENTION_SCOPES = ("text", "sequence")
 CONTEXT_PADDINGS = ("null", "tile")
-POOLINGS = ("mean", "weighted")
+POOLINGS = ("mean", "weighted", "context")
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,9 @@ class ContextualConfig:
         pooling: how the text's token states become one embedding: "mean" (the paper, the released models) or
             "weighted" (a learned weight per token from its state, zero-initialised so it starts as the mean). A
             corpus tells how common each word is; a mean can only add that to every token, a weight can make a
-            common word count less.
+            common word count less. "context": a token's weight falls with how much its state shares with the
+            mean of the context vectors (its word's frequency in the corpus; :class:`~cde_st.modules.heads.
+            ContextWeightedPool`), learned from zero.
         context_layers: the second-stage layers whose text rows read the context (with "cached" or the gate);
             None: every layer. Others attend to the text alone. Fewer reading layers make a text cheaper (each
             read costs attention over J keys) and shrink the cache; the context rows still run through the layers

@@ -424,7 +424,7 @@ class ContextualTransformer(InputModule):
         )
         features["token_embeddings"] = out
         mask = pool_mask(features, self.include_prompt, self._instruction_token_id)
-        features["sentence_embedding"] = self.head(self.pool(out, mask))
+        features["sentence_embedding"] = self.head(self.pool(out, mask, vectors, context_mask))
         return features
 
     def _context_of_call(self, given: torch.Tensor | np.ndarray | None) -> tuple[torch.Tensor, bool]:

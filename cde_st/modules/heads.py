@@ -18,9 +18,10 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class MeanPool(nn.Module):
-    """Mean pooling as a module (no parameters): the pooling of ``pooling="mean"``."""
+    """Mean pooling as a module (no parameters): the pooling of ``pooling="mean"``. Every pool takes the call's
+    context vectors and context mask too; this one reads neither."""
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor, vectors=None, context_mask=None) -> torch.Tensor:
         return mean_pool(hidden, mask)
 
 
@@ -35,10 +36,45 @@ class WeightedPool(nn.Module):
         nn.init.zeros_(self.score.weight)
         nn.init.zeros_(self.score.bias)
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        scores = self.score(hidden).squeeze(-1).float().masked_fill(~mask.bool(), float("-inf"))
-        weights = torch.softmax(scores, dim=1).nan_to_num(0.0).to(hidden.dtype)  # a row with no position: zeros
-        return (hidden * weights.unsqueeze(-1)).sum(1)
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor, vectors=None, context_mask=None) -> torch.Tensor:
+        return softmax_pool(hidden, mask, self.score(hidden).squeeze(-1))
+
+
+def softmax_pool(hidden: torch.Tensor, mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """(B, L, d) states, (B, L) mask and (B, L) scores -> (B, d): the states weighted by the softmax of the scores
+    over the pooled positions (a row with no position pools to zeros)."""
+    scores = scores.float().masked_fill(~mask.bool(), float("-inf"))
+    weights = torch.softmax(scores, dim=1).nan_to_num(0.0).to(hidden.dtype)
+    return (hidden * weights.unsqueeze(-1)).sum(1)
+
+
+class ContextWeightedPool(nn.Module):
+    """Pooling in which a token's weight follows how much its state has in common with the corpus (``pooling=
+    "context"``): ``exp(-a * h_t . m / |m|)``, ``m`` the mean of the context vectors the row may read, ``a`` learned
+    and zero at the start (an untrained pool is the mean; so is a call with no context).
+
+    Why a mean and not attention: with near-orthogonal word vectors a document's pooled vector projects on a word's
+    vector in proportion to whether it holds the word, so the mean of J such vectors projects in proportion to how
+    many of the J documents hold it, its document frequency, which is what a word's weight in this corpus is made
+    of. An attention read cannot count: its softmax normalises the matching rows' number away, and one corpus's
+    rows are so alike (cosine 0.9-1.0 between their keys) that a token cannot pick out the ones that hold its word."""
+
+    def __init__(self):
+        super().__init__()
+        self.strength = nn.Parameter(torch.zeros(()))
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor, vectors=None, context_mask=None) -> torch.Tensor:
+        if vectors is None or len(vectors) == 0:
+            return mean_pool(hidden, mask)
+        vectors = vectors.to(hidden.dtype)
+        if context_mask is None:
+            means = vectors.mean(dim=0).expand(hidden.shape[0], -1)  # (B, d)
+        else:
+            visible = context_mask.to(hidden.dtype)  # (B, J')
+            means = visible @ vectors / visible.sum(dim=1, keepdim=True).clamp_min(1.0)
+        direction = means / means.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # a row that reads nothing: 0
+        scores = -self.strength * torch.einsum("bld,bd->bl", hidden, direction)
+        return softmax_pool(hidden, mask, scores)
 
 
 class Head(nn.Module):
@@ -115,7 +151,8 @@ def build_added_parameters(
         if config.output_head == "none"
         else Head(d2, d2, "relu", residual=config.output_head == "residual_mlp")
     )
-    added["pool"] = WeightedPool(d2) if config.pooling == "weighted" else MeanPool()
+    pools = {"mean": MeanPool, "weighted": lambda: WeightedPool(d2), "context": ContextWeightedPool}
+    added["pool"] = pools[config.pooling]()
     return added
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cde_st.modules.heads import Head, SoftPrompt, WeightedPool, mean_pool
+from cde_st.modules.heads import ContextWeightedPool, Head, SoftPrompt, WeightedPool, mean_pool
 
 
 def test_mean_pool_averages_only_unmasked_positions():
@@ -54,3 +54,24 @@ def test_weighted_pool_starts_as_the_mean_and_then_weighs_tokens():
     hidden[0, 3:] = 1e4  # padding never counts, whatever it holds
     torch.testing.assert_close(pool(hidden, mask)[0], hidden[0, top], rtol=0, atol=1e-3)
     assert torch.equal(pool(hidden, torch.zeros_like(mask)), torch.zeros(2, 8))  # no position: a zero vector
+
+
+def test_context_pool_weighs_down_what_the_corpus_holds_often():
+    words = torch.eye(4)  # four orthogonal word vectors; the corpus holds word 0 in every document, word 3 in none
+    context = torch.stack([words[0] + words[1], words[0] + words[2], words[0] + words[1]]) / 2
+    text = torch.stack([words[0], words[3]]).unsqueeze(0)  # one text: a common word and one the corpus lacks
+    mask = torch.ones(1, 2)
+    pool = ContextWeightedPool()
+    torch.testing.assert_close(pool(text, mask, context), mean_pool(text, mask))  # zero-initialised: the mean
+    with torch.no_grad():
+        pool.strength.fill_(3.0)
+    pooled = pool(text, mask, context)[0]
+    assert pooled[3] > 0.9 and pooled[0] < 0.1  # the word the corpus lacks takes the weight
+    torch.testing.assert_close(pool(text, mask, context[:0]), mean_pool(text, mask))  # no context: the mean
+    torch.testing.assert_close(pool(text, mask, None), mean_pool(text, mask))
+    # a context mask: each row weighs by the mean of the vectors it may read; one that reads none pools the mean
+    rows = torch.cat([text, text])
+    visible = torch.tensor([[True, True, True], [False, False, False]])
+    pooled = pool(rows, torch.ones(2, 2), context, visible)
+    torch.testing.assert_close(pooled[0], pool(text, mask, context)[0])
+    torch.testing.assert_close(pooled[1], mean_pool(text, mask)[0])
