@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 
 from cde_st.model import contextual_module, is_contextual
 from cde_st.modules.batch_plan import longest_first_order, plan_batches
+from cde_st.modules.forward_loop import forward_batches
 
 __all__ = ["KINDS", "encode_fast"]
 
@@ -101,11 +102,11 @@ class _Chunk:
         return _Chunk(flat, self.shapes, self.shared, self.positions.to(device, non_blocking=non_blocking))
 
     def batches(self):
-        """Each batch's features (the packed tensors viewed as (rows, L)) and the input positions of its rows."""
+        """Each batch's input positions of its rows and its features (the packed tensors viewed as (rows, L))."""
         offset, row = 0, 0
         for rows, width in self.shapes:
             features = {k: v[offset : offset + rows * width].view(rows, width) for k, v in self.flat.items()}
-            yield {**features, **self.shared}, self.positions[row : row + rows]
+            yield self.positions[row : row + rows], {**features, **self.shared}
             offset, row = offset + rows * width, row + rows
 
 
@@ -159,8 +160,8 @@ def _pack_chunk(
     return _Chunk(flat, shapes, shared, index + first)
 
 
-def _embed_batch(model, features, kwargs, truncate_dim, normalize):
-    embeddings = model(features, **kwargs)["sentence_embedding"]
+def _finished(embeddings: torch.Tensor, truncate_dim: int | None, normalize: bool) -> torch.Tensor:
+    """``encode``'s truncation and normalisation of a batch's embeddings."""
     if truncate_dim is not None:
         embeddings = truncate_embeddings(embeddings, truncate_dim)
     if normalize:
@@ -187,10 +188,8 @@ def _embed_all(model: SentenceTransformer, texts: list, prompt: str | None, opti
                 pending = pool.submit(
                     _pack_chunk, model, texts[following : following + size], following, prompt, options
                 )
-            for features, positions in chunk.batches():
-                embeddings = _embed_batch(
-                    model, features, options["kwargs"], options["truncate_dim"], options["normalize"]
-                )
+            for positions, embeddings in forward_batches(model, chunk.batches(), **options["kwargs"]):
+                embeddings = _finished(embeddings, options["truncate_dim"], options["normalize"])
                 if result is None:
                     result = embeddings.new_empty((len(texts), *embeddings.shape[1:]))
                 result.index_copy_(0, positions, embeddings)

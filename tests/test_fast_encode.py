@@ -164,7 +164,7 @@ def test_batches_are_the_tokenizer_output_of_their_rows(plain_model):
             options = dict(kwargs={"task": "query"}, batch_size=6, batch_tokens=90, pin_memory=False)
             chunk = _pack_chunk(plain_model, texts, 100, "query: ", options)
             seen = []
-            for features, positions in chunk.batches():
+            for positions, features in chunk.batches():
                 rows = [texts[i - 100] for i in positions.tolist()]
                 alone = plain_model.preprocess(rows, prompt="query: ", task="query")
                 assert features.keys() == alone.keys()
@@ -201,3 +201,17 @@ def test_features_that_cannot_be_cut_go_through_encode(plain_model, caplog, monk
     monkeypatch.setattr(plain_model, "encode", lambda *a, **k: calls.append(k) or "encoded")
     assert encode_fast(plain_model, texts, "query") == "encoded" and calls[0]["prompt"] == "query: "
     assert calls[0]["task"] == "query"
+
+
+def test_embeddings_are_those_of_the_former_forward_loop(cached_model):
+    """encode_fast runs the server's forward loop (cde_st.modules.forward_loop): its embeddings are bit for bit those
+    of the loop it had of its own, kept here as it was (one chunk, so the batches are those of ``_pack_chunk``)."""
+    texts = ragged_texts()
+    options = dict(kwargs={"task": "document"}, batch_size=4, batch_tokens=64, pin_memory=False)
+    prompt = cached_model.prompts["document"]
+    got = encode_fast(cached_model, texts, "document", batch_size=4, batch_tokens=64, convert_to_tensor=True)
+    expected = torch.empty_like(got)
+    with torch.inference_mode():
+        for positions, features in _pack_chunk(cached_model, texts, 0, prompt, options).batches():
+            expected.index_copy_(0, positions, cached_model(features, task="document")["sentence_embedding"])
+    assert float((got - expected).abs().max()) == 0.0

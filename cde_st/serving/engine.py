@@ -30,12 +30,12 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
-from sentence_transformers.util import batch_to_device
 
 from cde_st.backend_options import loading_kwargs
 from cde_st.context import ContextInfo
 from cde_st.model import ContextualSentenceTransformer, is_contextual
 from cde_st.modules.first_stage_batches import in_input_order
+from cde_st.modules.forward_loop import forward_batches
 from cde_st.modules.freshness import first_stage_fingerprint
 from cde_st.released import is_released_checkpoint, resolve_name
 from cde_st.serving import defaults
@@ -374,10 +374,9 @@ class Engine:
         plan = self.request_tokenizer.chunks(
             parts, self.max_batch_size, self.max_batch_tokens, self.forward_overhead_tokens
         )
-        for positions, features in plan:
+        for positions, batch in forward_batches(self.model, plan):  # encode_fast's loop too
             self.forwards += 1
-            features = batch_to_device(features, self.model.device)
-            embeddings[positions] = self.model(features)["sentence_embedding"].float().cpu().numpy()
+            embeddings[positions] = batch.float().cpu().numpy()
         return embeddings
 
     def forward_probes(self) -> tuple[Tokens, Tokens] | None:

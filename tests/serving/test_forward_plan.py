@@ -72,3 +72,24 @@ def test_the_cost_of_a_forward_is_measured(cde_dir):
     assert narrow.forward_probes() is None  # no forward holds two probe texts: nothing to measure
     assert narrow.measure_forward_overhead(None, narrow.model_context) is None
     assert narrow.forward_overhead_tokens is None
+
+
+@pytest.mark.parametrize("overhead", [None, 1.0])
+def test_the_engine_s_embeddings_are_those_of_its_former_forward_loop(cde_dir, overhead):
+    """The engine runs the forward loop encode_fast runs (cde_st.modules.forward_loop): its embeddings are bit for
+    bit those of the loop it had of its own, kept here as it was."""
+    import torch
+    from sentence_transformers.util import batch_to_device
+
+    engine = Engine(ContextualSentenceTransformer(cde_dir), max_batch_size=3, max_batch_tokens=60)
+    engine.forward_overhead_tokens = overhead
+    texts = ["a " * (MAX_SEQ_LENGTH * 2)] + SHORT_DOCS + ["b"]
+    parts = [engine.tokenize(texts[:4], "query"), engine.tokenize(texts[4:], "query")]
+    got = engine.embed_tokens(parts, engine.model_context).embeddings
+    expected = np.empty_like(got)
+    with torch.inference_mode():  # the engine's former loop, with the context it has just activated
+        for positions, features in engine.request_tokenizer.chunks(parts, 3, 60, overhead):
+            features = batch_to_device(features, engine.model.device)
+            expected[positions] = engine.model(features)["sentence_embedding"].float().cpu().numpy()
+    assert np.abs(got - expected).max() == 0.0
+    engine.close()
