@@ -234,10 +234,38 @@ def table(rows: list[dict], floor: list[dict]) -> list[str]:
     return markdown_table(columns, lines)
 
 
+def tracking(rows: list[dict]) -> dict:
+    """Whether fresh minus old quality tracks the drift: over every (seed, chain, step) row, per query set, the
+    Pearson correlation of the drift with fresh - old NDCG@10 and the least-squares slope (NDCG points per drift
+    point)."""
+    out = {}
+    for key in QUERY_SETS:  # the macro mean is over one set in the control chain and two in the MED chain
+        pairs = [
+            (r["drift"], r["fresh"][key] - r["old"][key])
+            for r in rows
+            if "fresh" in r and r["fresh"][key] is not None and r["old"][key] is not None
+        ]
+        if len(pairs) < 3:
+            continue
+        drift, gain = np.array(pairs).T
+        slope = float(np.polyfit(drift, gain, 1)[0]) if np.ptp(drift) > 0 else None
+        r = float(np.corrcoef(drift, gain)[0, 1]) if np.ptp(drift) > 0 and np.ptp(gain) > 0 else None
+        out[key] = {"pearson_r": r, "slope_per_drift_point": slope, "rows": len(pairs)}
+    return out
+
+
+def summarize(results: dict) -> dict:
+    """The table and the tracking statistics, from the measured rows."""
+    results["table"] = table(results["rows"], results["floor"])
+    results["tracking"] = tracking(results["rows"])
+    return results
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", help="a contextual cde_st model folder")
-    parser.add_argument("--work-dir", type=Path, required=True)
+    parser.add_argument("model", nargs="?", help="a contextual cde_st model folder")
+    parser.add_argument("--work-dir", type=Path)
+    parser.add_argument("--summarize", action="store_true", help="only recompute the table of --out's rows")
     parser.add_argument("--scifact", type=Path, default=DATA / "scifact")
     parser.add_argument("--med", type=Path, default=DATA / "med")
     parser.add_argument("--scifact-docs", type=int, default=800, help="the base corpus (judged documents included)")
@@ -251,6 +279,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.summarize:
+        if not args.out.is_file():
+            raise SystemExit(f"error: {args.out} not found: run the benchmark first.")
+        results = summarize(json.loads(args.out.read_text(encoding="utf-8")))
+        write_json(args.out, results)
+        print("\n".join(results["table"]), json.dumps(results["tracking"], indent=1), sep="\n")
+        return results
+    if args.model is None or args.work_dir is None:
+        raise SystemExit("error: give MODEL and --work-dir (or --summarize).")
     from cde_st import ContextualSentenceTransformer
 
     started = time.perf_counter()
@@ -284,8 +321,7 @@ def main(argv: list[str] | None = None) -> dict:
         per_seed.append(time.perf_counter() - seed_started)
         results["seeds_run"].append(seed)
         results.update(environment=environment(), seconds=round(time.perf_counter() - started))
-        results["table"] = table(results["rows"], results["floor"])
-        write_json(args.out, results)
+        write_json(args.out, summarize(results))
     print("\n".join(results.get("table", [])))
     return results
 

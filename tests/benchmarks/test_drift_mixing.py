@@ -52,3 +52,8 @@ def test_the_mixing_table_at_a_tiny_size(make_tiny_cde, tmp_path):
     assert rows["none", 0.0]["old"]["med"] is None  # no MED document yet: its queries are not scored
     assert rows["med", 0.5]["drift"] > rows["scifact", 0.5]["drift"] + 10
     assert len(results["table"]) == 2 + len(rows) and len(results["floor"]) == len(rows)
+    assert results["tracking"]["scifact"]["rows"] == 2 * len(drift_mixing.STEPS)
+    assert results["tracking"]["med"]["rows"] == len(drift_mixing.STEPS)  # MED queries score in the MED chain only
+
+    again = drift_mixing.main(["--summarize", "--out", str(out)])
+    assert again["table"] == results["table"] and again["tracking"] == results["tracking"]
