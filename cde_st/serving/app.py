@@ -27,8 +27,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cde_st.serving import context_errors, defaults
 from cde_st.serving.batching import DynamicBatcher, Overloaded, Unavailable
 from cde_st.serving.contexts import ContextStore, check_name
-from cde_st.serving.engine import Batch, Engine
+from cde_st.serving.engine import Engine
 from cde_st.serving.errors import ApiError
+from cde_st.serving.forwards import Batch
 from cde_st.serving.metrics import Metrics
 from cde_st.serving.openapi import route_docs
 from cde_st.serving.readiness import Readiness

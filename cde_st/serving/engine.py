@@ -5,10 +5,10 @@ that thread hands embedding forwards to a child process (:mod:`cde_st.serving.mo
 stage runs there one batch at a time (:meth:`Engine.create_context`), so embedding batches queued meanwhile run
 between its batches instead of waiting for the whole context.
 
-Contexts are switched through the library's own context (``restore_context`` with the first-stage weights'
-fingerprint taken once: the server never changes its weights, so a switch reads none of them), and the keys/values
-of cached attention are kept per context under a byte budget (:class:`~cde_st.serving.context_cache.
-ContextStateCache`), so alternating between contexts does not recompute them at each switch.
+The forwards themselves, the contexts' switching and their keys/values kept under a byte budget, are
+:class:`~cde_st.serving.forwards.Forwards`: what the engine runs here, and all a model process builds. The engine
+adds what only the server's process needs: the request tokenizers and their thread, the model's thread, the
+contexts' creation and the forward-cost probes.
 """
 
 from __future__ import annotations
@@ -18,15 +18,10 @@ import json
 import logging
 import os
 import time
-import weakref
-from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
@@ -35,13 +30,12 @@ from cde_st.backend_options import loading_kwargs
 from cde_st.context import ContextInfo
 from cde_st.model import ContextualSentenceTransformer, is_contextual
 from cde_st.modules.first_stage_batches import in_input_order
-from cde_st.modules.forward_loop import forward_batches
-from cde_st.modules.freshness import first_stage_fingerprint
 from cde_st.released import is_released_checkpoint, resolve_name
 from cde_st.serving import defaults
-from cde_st.serving.context_cache import CacheStats, ContextStateCache
-from cde_st.serving.context_errors import ContextTooLarge, NonFiniteEmbedding
+from cde_st.serving.context_cache import CacheStats
+from cde_st.serving.context_errors import ContextTooLarge
 from cde_st.serving.contexts import DEFAULT_NAME, StoredContext
+from cde_st.serving.forwards import Batch, Forwards
 from cde_st.serving.identity import model_identity
 from cde_st.serving.model_process import ModelProcess
 from cde_st.serving.tokens import RequestTokenizer, Tokens
@@ -55,19 +49,6 @@ CREATION_YIELD = 2.0
 EMBEDDING_GAP = 0.05
 #: Probe forwards of :meth:`Engine.measure_forward_overhead`: 1 and this many texts of this many words.
 FORWARD_PROBE_TEXTS, FORWARD_PROBE_WORDS = 8, 24
-_NULL = "null context"  # the cache key of the null context (a contextual model served without one)
-
-
-@dataclass
-class Batch:
-    """A forward's output, one row per text: embeddings (n, d) float32, tokens read (n,), truncated flags (n,)."""
-
-    embeddings: np.ndarray
-    tokens: np.ndarray
-    truncated: np.ndarray
-
-    def rows(self, start: int, stop: int) -> Batch:
-        return Batch(self.embeddings[start:stop], self.tokens[start:stop], self.truncated[start:stop])
 
 
 def _names_cde_module(name_or_path: str) -> bool:
@@ -148,10 +129,7 @@ class Engine:
         self.normalizes = any(isinstance(module, Normalize) for module in self.model)
         self.max_seq_length = int(self.model.max_seq_length)
         self.max_batch_size, self.max_batch_tokens = max_batch_size, max_batch_tokens
-        #: What one more forward costs, in padded tokens (:meth:`measure_forward_overhead`); None: forwards are cut
-        #: as full as the limits allow.
-        self.forward_overhead_tokens: float | None = None
-        self.forwards = 0  # forward passes run (a batch may be cut into several)
+        self._process_forwards = 0  # forward passes the model process reported
         # Requests are tokenised in their own thread, so the model's thread only pads and runs forwards.
         prompts = [self.prompt_for(input_type) for input_type in (None, "query", "document")]
         self.request_tokenizer = RequestTokenizer(self.model, self.max_seq_length, prompts)
@@ -167,14 +145,7 @@ class Engine:
         self.last_forward = float("-inf")  # when the last embedding forward ended (perf_counter)
         self.created = int(time.time())
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-model")
-        self.states = ContextStateCache(context_cache_bytes)
-        # Contexts' keys/values are kept under weak references: a context the store lets go (deleted, replaced, or
-        # dropped when another replica's write is read) frees them at once rather than when the budget pushes them
-        # out. Its reference lands here, from whichever thread let it go, and the model's thread drops the entry.
-        self._released: deque[weakref.ref] = deque()
         self._model_context = self._saved_context()
-        self._active: StoredContext | str | None = None  # None: nothing activated yet; _NULL: the null context
-        self._scopes = ExitStack()
         #: Where embedding forwards run when ``model_process`` is set: a child process with its own interpreter
         #: (:mod:`cde_st.serving.model_process`); creations and the forward-cost probes' tokenising stay here.
         self.model_process: ModelProcess | None = None
@@ -186,17 +157,12 @@ class Engine:
                 )
             settings = dict(max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
                             context_cache_bytes=context_cache_bytes)  # fmt: skip
-            self.model_process = ModelProcess(self.model, settings, Engine)
+            self.model_process = ModelProcess(self.model, settings)
             self.model_process.start()
-        if self.contextual:
-            module = self.model.contextual_module
-            # A server never changes its weights: one weights check for the engine's life (like one encode call),
-            # so a batch does not re-read every weight to confirm the context is current (tens of ms with MiniLM,
-            # as much as a one-text forward); later forwards only compare the parameters' version counters.
-            self._scopes.enter_context(module.one_weights_check())
-            # What every served context's vectors belong to, read once: a switch then reads no weight.
-            self._weights = first_stage_fingerprint(module.first_stage, module.context_head, None)
-            self._null_vectors = torch.zeros(0, module.hidden_size)
+        #: The forwards run here (all of them without a model process); with one, its weights-check scope covers
+        #: the first stage of context creations, which stay in this process.
+        self.local = Forwards(self.model, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
+                              context_cache_bytes=context_cache_bytes)  # fmt: skip
 
     def close(self) -> None:
         """Stop the worker threads and the model's process, and end the engine's weights-check scope."""
@@ -204,7 +170,7 @@ class Engine:
         self.executor.shutdown(wait=True)
         if self.model_process is not None:
             self.model_process.close()
-        self._scopes.close()
+        self.local.close()
 
     # ------------------------------------------------------------------ contexts
     @property
@@ -284,42 +250,10 @@ class Engine:
             corpus_size=info.corpus_size,
         )
 
-    def _activate(self, context: StoredContext | None) -> None:
-        """Make ``context`` (None: the null context) the module's active one, with its keys/values if they are
-        kept, so they are computed once and reused by every batch (passing vectors per call would recompute them
-        per batch). The null context is a context of no vectors: every slot is the null vector, as without a
-        context, and no warning is given per batch."""
-        key = _NULL if context is None else context
-        if key is self._active:
-            return
-        while self._released:
-            self.states.discard(self._released.popleft())
-        module = self.model.contextual_module
-        vectors = self._null_vectors if context is None else context.vectors
-        fingerprint = "null" if context is None else context.fingerprint
-        info = ContextInfo(size=len(vectors), seed=None, fingerprint=fingerprint, source="vectors")
-        module.restore_context((vectors, info, None, self._weights))  # drops the previous keys/values
-        entry = self.states.get(self._state_key(key))
-        if entry is not None:
-            module.context_cache.entry = entry
-        self._active = key
-
-    def _state_key(self, active: StoredContext | str) -> Hashable:
-        """The cache key of a context's keys/values: a weak reference to it (equal to any other reference to the
-        same live object, never to a later context), the null context's name for the null context."""
-        return active if isinstance(active, str) else weakref.ref(active, self._released.append)
-
-    def _keep_states(self) -> None:
-        """After a forward: keep the active context's keys/values (if cached attention made any)."""
-        entry = self.model.contextual_module.context_cache.entry
-        key = self._state_key(self._active)
-        if entry is not None and self.states.get(key) is not entry:
-            self.states.put(key, entry, self.model.contextual_module.context_cache_bytes())
-
     def cache_stats(self) -> CacheStats:
         """The contexts whose keys/values are kept, their bytes, and the evictions so far (with a model process:
         as of its last forward)."""
-        return self.states.stats() if self.model_process is None else self.model_process.cache
+        return self.local.cache_stats() if self.model_process is None else self.model_process.cache
 
     # ------------------------------------------------------------------ embedding
     def prompt_for(self, input_type: str | None) -> str:
@@ -352,32 +286,26 @@ class Engine:
         forwards run there, and :class:`~cde_st.serving.model_process.ModelProcessFailed` says it died."""
         if self.model_process is not None:
             batch, forwards = self.model_process.embed(parts, context, self.forward_overhead_tokens)
-            self.forwards += forwards
-            self.last_forward = time.perf_counter()
-            return batch
-        if self.contextual:
-            self._activate(context)
-        embeddings = self._forward(parts)
+            self._process_forwards += forwards
+        else:
+            batch = self.local.embed_tokens(parts, context)
         self.last_forward = time.perf_counter()
-        if self.contextual:
-            self._keep_states()
-        if not np.isfinite(embeddings).all():
-            raise NonFiniteEmbedding("The model gave NaN or infinite values for this batch; nothing is answered.")
-        lengths = np.concatenate([part.lengths for part in parts])
-        return Batch(embeddings, lengths, np.concatenate([part.truncated for part in parts]))
+        return batch
 
-    @torch.inference_mode()
-    def _forward(self, parts: list[Tokens]) -> np.ndarray:
-        """What ``model.encode(texts, prompt=prompt)`` computes (length-sorted chunks, the same features and
-        forward), without its ``eval()`` call, which would start a new weights check per batch (see __init__)."""
-        embeddings = np.empty((sum(len(part) for part in parts), self.dimension), dtype=np.float32)
-        plan = self.request_tokenizer.chunks(
-            parts, self.max_batch_size, self.max_batch_tokens, self.forward_overhead_tokens
-        )
-        for positions, batch in forward_batches(self.model, plan):  # encode_fast's loop too
-            self.forwards += 1
-            embeddings[positions] = batch.float().cpu().numpy()
-        return embeddings
+    @property
+    def forwards(self) -> int:
+        """Forward passes run (a batch may be cut into several), here or in the model process."""
+        return self.local.forwards + self._process_forwards
+
+    @property
+    def forward_overhead_tokens(self) -> float | None:
+        """What one more forward costs, in padded tokens (:meth:`measure_forward_overhead`); None: forwards are
+        cut as full as the limits allow."""
+        return self.local.forward_overhead_tokens
+
+    @forward_overhead_tokens.setter
+    def forward_overhead_tokens(self, tokens: float | None) -> None:
+        self.local.forward_overhead_tokens = tokens
 
     def forward_probes(self) -> tuple[Tokens, Tokens] | None:
         """The probe texts of :meth:`measure_forward_overhead`, tokenised (run it where requests are tokenised):

@@ -30,7 +30,6 @@ import signal
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,6 +39,7 @@ import torch
 from cde_st.serving.batching import Unavailable
 from cde_st.serving.context_cache import CacheStats
 from cde_st.serving.context_errors import ContextError
+from cde_st.serving.forwards import Forwards
 
 __all__ = ["START_TIMEOUT", "STOP_TIMEOUT", "ModelProcess", "ModelProcessFailed"]
 
@@ -58,19 +58,19 @@ class ModelProcessFailed(Unavailable):
 
 @dataclass
 class _Reply:
-    batch: Any  # the engine's Batch
+    batch: Any  # a Forwards' Batch
     forwards: int  # forwards this batch took
     cache: CacheStats
 
 
 class ModelProcess:
-    """Forwards of ``model`` in a child process. ``engine_class`` builds the child's engine as
-    ``engine_class(model, **settings)`` (the server's :class:`~cde_st.serving.engine.Engine`, passed in because
-    that module imports this one; ``settings``: batch limits, context cache budget). :meth:`embed` is called from
-    one thread at a time (the server's model thread); :meth:`close` ends the child."""
+    """Forwards of ``model`` in a child process, which builds ``Forwards(model, **settings)`` (:class:`~cde_st.
+    serving.forwards.Forwards`: batch limits, context cache budget) and nothing else of the server: no tokenizer
+    copies, no threads. :meth:`embed` is called from one thread at a time (the server's model thread);
+    :meth:`close` ends the child."""
 
-    def __init__(self, model: torch.nn.Module, settings: dict, engine_class: Callable[..., Any]) -> None:
-        self.model, self.settings, self.engine_class = model, dict(settings), engine_class
+    def __init__(self, model: torch.nn.Module, settings: dict) -> None:
+        self.model, self.settings = model, dict(settings)
         self._serials: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # context -> its number
         self._sent: set[int] = set()  # contexts the running child holds
         self._forgotten: deque[int] = deque()  # contexts let go since the last message
@@ -87,7 +87,7 @@ class ModelProcess:
         context = torch.multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         process = context.Process(
-            target=_serve, args=(child, self.model, self.settings, self.engine_class), name="cde-st-model", daemon=True
+            target=_serve, args=(child, self.model, self.settings), name="cde-st-model", daemon=True
         )
         try:
             process.start()  # the weights move to shared memory here
@@ -179,7 +179,7 @@ class ModelProcess:
 
     # ------------------------------------------------------------------ forwards
     def embed(self, parts: list, context, overhead_tokens: float | None):
-        """The child's ``Engine.embed_tokens(parts, context)`` with ``overhead_tokens`` as its forward cost: (the
+        """The child's ``Forwards.embed_tokens(parts, context)`` with ``overhead_tokens`` as its forward cost: (the
         batch, the forwards it took); :attr:`cache` is updated. Errors the forward raises are raised here;
         :class:`ModelProcessFailed` when the child died (the next call starts another)."""
         with self._lock:
@@ -241,14 +241,14 @@ def _picklable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def _serve(conn, model: torch.nn.Module, settings: dict, engine_class: Callable[..., Any]) -> None:
-    """The child: build the engine on the shared model, answer ready, then run one forward per message until the
+def _serve(conn, model: torch.nn.Module, settings: dict) -> None:
+    """The child: build the forwards on the shared model, answer ready, then run one forward per message until the
     parent sends None or goes away."""
     # Ctrl-C reaches the whole foreground process group: the server's process decides when this one ends (it
     # closes the pipe), so a stop is not a traceback here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        engine = engine_class(model, **settings)
+        forwards = Forwards(model, **settings)
     except Exception as exc:
         conn.send_bytes(pickle.dumps(("failed", f"{type(exc).__name__}: {exc}")))
         return
@@ -263,14 +263,14 @@ def _serve(conn, model: torch.nn.Module, settings: dict, engine_class: Callable[
             return
         forget, serial, stored, parts, overhead_tokens = message
         for number in forget:
-            contexts.pop(number, None)  # its keys/values go with it (the engine keeps them by weak reference)
+            contexts.pop(number, None)  # its keys/values go with it (the forwards keep them by weak reference)
         if stored is not None:
             contexts[serial] = replace(stored, vectors=torch.from_numpy(stored.vectors))
-        engine.forward_overhead_tokens = overhead_tokens
-        forwards = engine.forwards
+        forwards.forward_overhead_tokens = overhead_tokens
+        before = forwards.forwards
         try:
-            batch = engine.embed_tokens([_to_torch(part) for part in parts], contexts.get(serial))
-            reply = ("ok", _Reply(batch, engine.forwards - forwards, engine.cache_stats()))
+            batch = forwards.embed_tokens([_to_torch(part) for part in parts], contexts.get(serial))
+            reply = ("ok", _Reply(batch, forwards.forwards - before, forwards.cache_stats()))
         except Exception as exc:
             if not isinstance(exc, ContextError):  # a fault, not a refusal: its traceback is only here
                 logger.exception("A forward failed in the model process.")

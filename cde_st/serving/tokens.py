@@ -5,7 +5,7 @@ the engine's tokenizer thread, each with its own tokenizer copy): its texts
 are first cut by :func:`cde_st.text_bounds.bound_text` (a 5 MB text costs a few KB of tokenising and memory), then
 counted (how many tokens each has, so an over-long input is refused or reported as truncated without a second
 tokenising of the whole text) and turned into the model's features. The model's thread only pads the features of
-the requests batched together (:meth:`RequestTokenizer.chunks`), sorted by length as ``encode`` sorts them.
+the requests batched together (:func:`forward_features`), sorted by length as ``encode`` sorts them.
 
 The tokenizer thread works on its own copy of the tokenizer: a fast tokenizer whose truncation settings change in
 one thread while another encodes raises "Already borrowed", and the model's thread tokenises too (the first stage
@@ -27,7 +27,7 @@ import torch
 from cde_st.modules.batch_plan import longest_first_order, plan_batches
 from cde_st.text_bounds import bound_texts
 
-__all__ = ["RequestTokenizer", "Tokens"]
+__all__ = ["RequestTokenizer", "Tokens", "forward_features", "pad_values"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +68,7 @@ class RequestTokenizer:
         self.model, self.max_seq_length = model, max_seq_length
         self.tokenizer = copy.deepcopy(model.tokenizer)
         self._constants: dict[str, dict] = {}
-        self._pads = {
-            "input_ids": self.tokenizer.pad_token_id,
-            "attention_mask": 0,
-            "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0),
-        }
+        self._pads = pad_values(self.tokenizer)
         self.exact = all(self._check(prompt) for prompt in dict.fromkeys(prompts))
         if not self.exact:
             logger.warning("The model's preprocess differs from its tokenizer's: requests are tokenised in its thread.")
@@ -136,43 +132,55 @@ class RequestTokenizer:
         lengths = np.minimum(counted, self.max_seq_length)
         return Tokens(bounded, prompt, lengths, counted, cut, features)
 
-    def chunks(
-        self,
-        parts: Sequence[Tokens],
-        max_batch_size: int,
-        max_batch_tokens: int | None = None,
-        overhead_tokens: float | None = None,
-    ) -> Iterator[tuple[np.ndarray, dict]]:
-        """The forwards of a batch of requests (in the model's thread): (positions of the texts in the batch, their
-        features), longest texts first, each of at most ``max_batch_size`` texts and, when given,
-        ``max_batch_tokens`` tokens counted with padding (texts times the longest; one text at least). With
-        ``overhead_tokens`` (what one more forward costs, in padded tokens) the sorted texts are cut where padding
-        would cost more than another forward; without it, as full as allowed (the plan encode_fast follows too:
-        :func:`cde_st.modules.batch_plan.plan_batches`)."""
-        lengths = np.concatenate([part.lengths for part in parts])
-        order = longest_first_order(lengths)
-        merged = self._merge(parts) if all(p.features is not None for p in parts) else None
-        texts = [t for part in parts for t in part.texts]
-        for start, stop in plan_batches(lengths[order], max_batch_size, max_batch_tokens, overhead_tokens):
-            positions = order[start:stop]
-            if merged is None:
-                features = dict(self.model.preprocess([texts[i] for i in positions], prompt=parts[0].prompt))
-            else:
-                width = int(lengths[positions].max())
-                index = torch.as_tensor(positions)
-                features = {k: v[index, :width] if k in self._pads else v for k, v in merged.items()}
-            yield positions, features
 
-    def _merge(self, parts: Sequence[Tokens]) -> dict:
-        """The requests' features as one padded batch (right padding with the tokenizer's pad values)."""
-        width = max(part.features["input_ids"].shape[1] for part in parts)
-        merged = dict(parts[0].features)
-        for key, pad in self._pads.items():
-            if key not in merged:
-                continue
-            rows = [
-                torch.nn.functional.pad(p.features[key], (0, width - p.features[key].shape[1]), value=pad)
-                for p in parts
-            ]
-            merged[key] = torch.cat(rows)
-        return merged
+def pad_values(tokenizer) -> dict:
+    """The value each per-token feature is right-padded with."""
+    return {
+        "input_ids": tokenizer.pad_token_id,
+        "attention_mask": 0,
+        "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0),
+    }
+
+
+def forward_features(
+    model,
+    parts: Sequence[Tokens],
+    max_batch_size: int,
+    max_batch_tokens: int | None = None,
+    overhead_tokens: float | None = None,
+) -> Iterator[tuple[np.ndarray, dict]]:
+    """The forwards of a batch of requests (in the model's thread or process): (positions of the texts in the batch,
+    their features), longest texts first, each of at most ``max_batch_size`` texts and, when given,
+    ``max_batch_tokens`` tokens counted with padding (texts times the longest; one text at least). With
+    ``overhead_tokens`` (what one more forward costs, in padded tokens) the sorted texts are cut where padding
+    would cost more than another forward; without it, as full as allowed (the plan encode_fast follows too:
+    :func:`cde_st.modules.batch_plan.plan_batches`). Needs only ``model`` (its tokenizer's pad values, its
+    ``preprocess`` for requests tokenised without features), not a :class:`RequestTokenizer`."""
+    lengths = np.concatenate([part.lengths for part in parts])
+    order = longest_first_order(lengths)
+    pads = pad_values(model.tokenizer)
+    merged = _merge(parts, pads) if all(p.features is not None for p in parts) else None
+    texts = [t for part in parts for t in part.texts]
+    for start, stop in plan_batches(lengths[order], max_batch_size, max_batch_tokens, overhead_tokens):
+        positions = order[start:stop]
+        if merged is None:
+            features = dict(model.preprocess([texts[i] for i in positions], prompt=parts[0].prompt))
+        else:
+            width = int(lengths[positions].max())
+            index = torch.as_tensor(positions)
+            features = {k: v[index, :width] if k in pads else v for k, v in merged.items()}
+        yield positions, features
+
+
+def _merge(parts: Sequence[Tokens], pads: dict) -> dict:
+    """The requests' features as one padded batch (right padding with the tokenizer's pad values)."""
+    width = max(part.features["input_ids"].shape[1] for part in parts)
+    merged = dict(parts[0].features)
+    for key, pad in pads.items():
+        if key not in merged:
+            continue
+        rows = [
+            torch.nn.functional.pad(p.features[key], (0, width - p.features[key].shape[1]), value=pad) for p in parts
+        ]
+        merged[key] = torch.cat(rows)
+    return merged

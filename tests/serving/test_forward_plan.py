@@ -12,6 +12,7 @@ from serving_helpers import MAX_SEQ_LENGTH
 from cde_st import ContextualSentenceTransformer
 from cde_st.modules.batch_plan import plan_batches
 from cde_st.serving.engine import Engine
+from cde_st.serving.tokens import forward_features
 
 
 def _covers(cuts, n):
@@ -88,7 +89,7 @@ def test_the_engine_s_embeddings_are_those_of_its_former_forward_loop(cde_dir, o
     got = engine.embed_tokens(parts, engine.model_context).embeddings
     expected = np.empty_like(got)
     with torch.inference_mode():  # the engine's former loop, with the context it has just activated
-        for positions, features in engine.request_tokenizer.chunks(parts, 3, 60, overhead):
+        for positions, features in forward_features(engine.model, parts, 3, 60, overhead):
             features = batch_to_device(features, engine.model.device)
             expected[positions] = engine.model(features)["sentence_embedding"].float().cpu().numpy()
     assert np.abs(got - expected).max() == 0.0
