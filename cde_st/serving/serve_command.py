@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend_options(p)
     _batching_options(p.add_argument_group("batching"))
     _context_options(p.add_argument_group("contexts and replicas"))
-    _request_options(p.add_argument_group("requests and connections"))
+    _request_options(p.add_argument_group("requests"))
+    _connection_options(p.add_argument_group("connections"))
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every request (off: it costs throughput)")
     return p
@@ -146,6 +147,9 @@ def _request_options(p) -> None:  # an argument group of the parser
         default=None,
         help="name of an environment variable holding the API key clients must send (default: no key)",
     )
+
+
+def _connection_options(p) -> None:  # an argument group of the parser
     p.add_argument(
         "--max-connections",
         type=COUNT,
@@ -224,7 +228,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.workers != 1:  # the parent only starts and watches workers: it never imports the model's libraries
         sys.exit(_workers(args, sys.argv[1:] if argv is None else list(argv)))
     from cde_st.serving.app import Settings, create_app
-    from cde_st.serving.connections import read_timeout_protocol
     from cde_st.serving.contexts import ContextStore
     from cde_st.serving.draining import DrainingServer
 
@@ -265,7 +268,17 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     _raise_open_files_limit(args.max_connections)
-    config = uvicorn.Config(
+    config = _uvicorn_config(uvicorn, app, args)
+    on_started = None if args.ready_fd is None else partial(_say_started, args.ready_fd)
+    DrainingServer(config, app.state.traffic, args.drain_timeout_s, on_started=on_started).run(sockets=[sock])
+
+
+def _uvicorn_config(uvicorn, app, args: argparse.Namespace):
+    """uvicorn's configuration: logging through our handler, the bounds on connections (:mod:`~cde_st.serving.
+    connections`)."""
+    from cde_st.serving.connections import read_timeout_protocol
+
+    return uvicorn.Config(
         app,
         log_level=args.log_level,
         log_config=None,  # uvicorn's loggers go through the handler above, request id included
@@ -281,8 +294,6 @@ def main(argv: list[str] | None = None) -> None:
         timeout_keep_alive=args.keep_alive_s,
         timeout_graceful_shutdown=10,
     )
-    on_started = None if args.ready_fd is None else partial(_say_started, args.ready_fd)
-    DrainingServer(config, app.state.traffic, args.drain_timeout_s, on_started=on_started).run(sockets=[sock])
 
 
 def _say_started(fd: int) -> None:
