@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import sys
+import typing
 from functools import partial
 
 from cde_st.backend_options import add_backend_options
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         import fastapi  # noqa: F401 - the serve extra, checked before anything starts
         import uvicorn
     except ImportError as exc:
-        sys.exit(f"cde-st-serve needs the serve extra: pip install 'cde_st[serve]' ({exc}).")
+        _fail(f"cde-st-serve needs the serve extra: pip install 'cde_st[serve]' ({exc}).")
     from cde_st.serving.traffic import RequestIdFilter
 
     logging.basicConfig(
@@ -226,7 +227,10 @@ def main(argv: list[str] | None = None) -> None:
         handler.addFilter(RequestIdFilter())
     api_key = _checked_options(args)
     if args.workers != 1:  # the parent only starts and watches workers: it never imports the model's libraries
-        sys.exit(_workers(args, sys.argv[1:] if argv is None else list(argv)))
+        status = _workers(args, sys.argv[1:] if argv is None else list(argv))
+        if isinstance(status, str):
+            _fail(status)
+        sys.exit(status)
     from cde_st.serving.app import Settings, create_app
     from cde_st.serving.contexts import ContextStore
     from cde_st.serving.draining import DrainingServer
@@ -235,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         store = ContextStore(args.state_dir, engine.identity, refresh_seconds=args.context_refresh_s)
     except RuntimeError as exc:
-        sys.exit(str(exc))
+        _fail(str(exc))
     if engine.model_context is not None:
         store.add_model_context(engine.model_context)
     if args.state_dir is None and engine.contextual:
@@ -296,6 +300,12 @@ def _uvicorn_config(uvicorn, app, args: argparse.Namespace):
     )
 
 
+def _fail(message: str) -> typing.NoReturn:
+    """The commands' one error style (:mod:`cde_st.command_line`): ``error: ...`` on one line, exit status 2."""
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _say_started(fd: int) -> None:
     """A ``--workers`` child tells its parent it serves (:func:`cde_st.serving.workers.run_workers`)."""
     os.write(fd, b"1")
@@ -320,7 +330,7 @@ def _checked_options(args: argparse.Namespace) -> str | None:
         return None
     api_key = os.environ.get(args.api_key_env)
     if not api_key:
-        sys.exit(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty.")
+        _fail(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty.")
     return api_key
 
 
@@ -344,9 +354,9 @@ def _engine(args: argparse.Namespace):
             model_process=args.model_process,
         )
     except ModelProcessFailed as exc:
-        sys.exit(f"--model-process: {exc}")
+        _fail(f"--model-process: {exc}")
     except (ValueError, FileNotFoundError, ImportError) as exc:  # a model or an export that does not load
-        sys.exit(f"--model-process: {exc}" if args.model_process else f"error: {exc}")
+        _fail(f"--model-process: {exc}" if args.model_process else str(exc))
 
 
 def _raise_open_files_limit(connections: int) -> None:
