@@ -198,6 +198,10 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="leave out the (a) rows, which do not depend on --seed (another seed's run: its time goes to training)",
     )
+    pooling = "(d)'s pooling: mean (the preset) or context (a token's weight from its corpus: what learned the corpus-"
+    parser.add_argument(
+        "--pooling", choices=["context", "mean"], default="context", help=pooling + "statistics benchmark)"
+    )
     parser.add_argument("--batch-size", type=int, default=512, help="batch = cluster")
     parser.add_argument("--context-size", type=int, default=512, help="J of (d)")
     parser.add_argument("--max-seq-length", type=int, default=64)

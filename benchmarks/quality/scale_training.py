@@ -15,11 +15,16 @@ __all__ = ["batch_sampler", "cluster", "make_config", "row_of", "score", "train_
 
 
 def make_config(args, model: str, base: str, pairs: list[str], output_dir: Path, max_steps: int, warmup: int):
-    """The ``mini`` preset at the run's sizes, for ``model`` (contextual or biencoder) from ``base``."""
+    """The ``mini`` preset at the run's sizes, for ``model`` (contextual or biencoder) from ``base``; the contextual
+    model pools as ``args.pooling`` says (``context``: the pooling that learned the corpus-statistics benchmark)."""
     from cde_st.training import TrainConfig
 
+    contextual = {}
+    if model == "contextual":
+        contextual["model_config"] = {**TrainConfig.from_preset("mini").model_config, "pooling": args.pooling}
     return TrainConfig.from_preset(
         "mini",
+        **contextual,
         model=model,
         base_model=base,
         surrogate=base,
