@@ -17,6 +17,7 @@ import importlib.util
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,7 +156,14 @@ def _cannot_run(document: str, block: Block) -> str | None:
     if block.not_run:
         return f"{document} marks it not-run: {block.not_run}"
     missing = [module for module in block.requires if not _installed(module)]
-    return f"{missing[0]} is not installed (pip install -e '.[clients]')" if missing else None
+    if not missing:
+        return None
+    extra = _EXTRA_OF.get(missing[0], "clients")
+    return f"{missing[0]} is not installed (pip install -e '.[{extra}]')"
+
+
+# The extra that installs a module a snippet requires, where it is not `clients`.
+_EXTRA_OF = {"lancedb": "lancedb", "chromadb": "chroma", "onnxruntime": "onnx"}
 
 
 def chain(document: str, blocks: list[Block], block: Block) -> list[Block]:
@@ -251,3 +259,10 @@ def test_a_chain_runs_once_and_names_the_block_that_failed(tmp_path):
     assert (
         failure is not None and failure.startswith("doc.md block at line 9 failed") and "ZeroDivisionError" in failure
     )
+
+
+def test_a_missing_snippet_module_names_the_extra_that_installs_it(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "_installed", lambda module: False)
+    for module, extra in [("chromadb", "chroma"), ("lancedb", "lancedb"), ("langchain_openai", "clients")]:
+        block = Block(number=1, line=1, code="", requires=[module])
+        assert _cannot_run("doc.md", block) == f"{module} is not installed (pip install -e '.[{extra}]')"
