@@ -25,9 +25,6 @@ PARSERS = {
 }
 #: Numeric options whose rule is their own (a word besides the number): the value refused for each.
 OWN_RULES = {("cde-st-serve", "--forward-overhead-tokens"): ["-1", "nan", "inf", "many"]}
-#: Options of the corpus commands (cde_st/corpus/commands.py) that still take any integer: named here until they
-#: take a Number too.
-ANY_INTEGER = {("cde-st-embed", "--seed")}
 
 
 def _numeric_options():
@@ -43,7 +40,7 @@ def test_every_numeric_option_has_a_range():
     bare = [
         f"{command} {action.option_strings[-1]}"
         for command, action in _numeric_options()
-        if action.type in (int, float) and (command, action.option_strings[-1]) not in ANY_INTEGER
+        if action.type in (int, float)
     ]
     assert not bare, f"options without a range: {bare}"
 
@@ -64,8 +61,6 @@ def _refusals():
             yield from ((command, option, value) for value in dict.fromkeys(bad))
         elif (command, option) in OWN_RULES:
             yield from ((command, option, value) for value in OWN_RULES[command, option])
-        elif action.type.__name__ == "_positive_int":  # the corpus commands' own integer >= 1
-            yield from ((command, option, value) for value in ["nan", "inf", "0", "-1", "1.5"])
 
 
 @pytest.mark.parametrize(("command", "option", "value"), list(_refusals()))

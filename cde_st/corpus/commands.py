@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from cde_st.backend_options import add_backend_options
-from cde_st.command_line import DEBUG_HELP, EXPECTED_ERRORS, CommandParser, debug_wanted, report_error
+from cde_st.command_line import DEBUG_HELP, EXPECTED_ERRORS, CommandParser, Number, debug_wanted, report_error
 from cde_st.corpus.output_folder import FolderBusyError
 from cde_st.corpus.shards import DTYPES
 
@@ -24,15 +24,9 @@ __all__ = ["embed_main", "embed_run", "search_main", "search_run"]
 _EXPECTED = (ImportError, FolderBusyError, *EXPECTED_ERRORS)
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1 (0 or a negative count means nothing, or something else)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+#: argparse type of every count option: an integer of at least 1 (0 or a negative count means nothing, or
+#: something else).
+_POSITIVE_INT = Number(int, at_least=1)
 
 
 def _embed_parser() -> argparse.ArgumentParser:
@@ -53,25 +47,27 @@ def _embed_parser() -> argparse.ArgumentParser:
         "context file: .npy, .safetensors (a cde-st-serve named context is STATE_DIR/contexts/NAME.safetensors)",
     )
     parser.add_argument(
-        "--context-size", type=_positive_int, default=None, help="J of a sampled context (default: the model's)"
+        "--context-size", type=_POSITIVE_INT, default=None, help="J of a sampled context (default: the model's)"
     )
-    parser.add_argument("--seed", type=int, default=None, help="the context sample's seed (default: 0)")
+    parser.add_argument(
+        "--seed", type=Number(int, at_least=0), default=None, help="the context sample's seed (default: 0)"
+    )
     parser.add_argument(
         "--devices", default=None, help="one process per device, comma-separated: cpu,cpu or cuda:0,cuda:1"
     )
     parser.add_argument(
         "--ray",
-        type=_positive_int,
+        type=_POSITIVE_INT,
         default=None,
         metavar="WORKERS",
         help="embed with Ray Data on this many model actors (needs the distributed extra)",
     )
     parser.add_argument(
-        "--shard-size", type=_positive_int, default=None, help="records per shard, the unit of resumption (10000)"
+        "--shard-size", type=_POSITIVE_INT, default=None, help="records per shard, the unit of resumption (10000)"
     )
-    parser.add_argument("--batch-size", type=_positive_int, default=32)
+    parser.add_argument("--batch-size", type=_POSITIVE_INT, default=32)
     parser.add_argument(
-        "--max-seq-length", type=_positive_int, default=None, help="truncate documents to this many tokens"
+        "--max-seq-length", type=_POSITIVE_INT, default=None, help="truncate documents to this many tokens"
     )
     parser.add_argument("--dtype", choices=DTYPES, default=None, help="the stored embedding type (float32)")
     parser.add_argument("--normalize", action="store_true", help="L2-normalise the stored embeddings")
@@ -281,10 +277,10 @@ def _search_parser() -> argparse.ArgumentParser:
     parser.add_argument("folder", help="the folder cde-st-embed wrote")
     parser.add_argument("queries", nargs="+", help="one or more queries")
     parser.add_argument("--model", default=None, help="the model (default: the one the manifest names)")
-    parser.add_argument("-k", type=_positive_int, default=10, help="results per query")
-    parser.add_argument("--nprobe", type=_positive_int, default=None, help="inverted lists an IVF index visits")
+    parser.add_argument("-k", type=_POSITIVE_INT, default=10, help="results per query")
+    parser.add_argument("--nprobe", type=_POSITIVE_INT, default=None, help="inverted lists an IVF index visits")
     parser.add_argument(
-        "--max-seq-length", type=_positive_int, default=None, help="default: the one the corpus was embedded with"
+        "--max-seq-length", type=_POSITIVE_INT, default=None, help="default: the one the corpus was embedded with"
     )
     parser.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     add_backend_options(parser, default=None, when_unset="as the manifest records")
