@@ -328,6 +328,11 @@ def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs
         )
         steps = report["training"]["(d)"]["steps"]
         report["training"]["(d)"]["epochs"] = round(steps / epoch_steps, 2)
+        from cde_st.model import contextual_module
+
+        pool = getattr(contextual_module(model_d), "pool", None)
+        if hasattr(pool, "strength"):  # pooling=context: how far the pool's one weight moved from zero
+            report["training"]["(d)"]["pool_strength"] = round(float(pool.strength), 4)
         log(f"(d) trained: {report['training']['(d)']}")
     write(args.out, report)
     if "(d)" in report["training"]:

@@ -37,6 +37,7 @@ def test_smoke_run_trains_both_models_and_scores_every_row(tmp_path):
     assert report["config_d"]["max_steps"] == 24 and report["config_cp"]["max_steps"] == 24
     assert report["config_d"]["model"] == "contextual" and report["config_cp"]["model"] == "biencoder"
     assert report["config_d"]["model_config"]["pooling"] == "context" == report["settings"]["pooling"]
+    assert isinstance(d["pool_strength"], float)  # the models cannot travel back: the pool's weight is recorded
     for key in ("batch_size", "cluster_size", "max_seq_length", "seed", "learning_rate", "filter_false_negatives"):
         assert report["config_d"][key] == report["config_cp"][key], key
     assert report["config_d"]["query_prompt"] == report["config_cp"]["query_prompt"] == "search_query: "
