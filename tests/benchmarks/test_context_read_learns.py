@@ -31,18 +31,43 @@ STEPS = 48
 
 
 def _domains(first: int, count: int, documents: int, queries: int) -> list:
-    return [make_domain(WORDS, SPEC, index=first + i, seed=0, documents=documents, queries=queries) for i in range(count)]
+    return [
+        make_domain(WORDS, SPEC, index=first + i, seed=0, documents=documents, queries=queries) for i in range(count)
+    ]
 
 
 def _config(base: Path, pairs: Path, out: Path, model: str) -> TrainConfig:
-    contextual = dict(context_gate=True, context_attention="cached", context_layers=[0], output_head="none",
-                      first_stage_head="none", context_sink=True, pooling="context")
+    contextual = dict(
+        context_gate=True,
+        context_attention="cached",
+        context_layers=[0],
+        output_head="none",
+        first_stage_head="none",
+        context_sink=True,
+        pooling="context",
+    )
     return TrainConfig(
-        model=model, base_model=str(base), context_size=PAIRS, max_seq_length=48, train_data=[str(pairs)],
-        model_config=contextual if model == "contextual" else {}, query_prompt="", document_prompt="",
-        batch_size=PAIRS, cluster_size=PAIRS, surrogate="tiny", filter_false_negatives=False, temperature=0.05,
-        learning_rate=1e-4, added_params_lr=3e-2, warmup_steps=0, max_steps=STEPS, seed=1, output_dir=str(out),
-        save_steps=10_000, logging_steps=10_000,
+        model=model,
+        base_model=str(base),
+        context_size=PAIRS,
+        max_seq_length=48,
+        train_data=[str(pairs)],
+        model_config=contextual if model == "contextual" else {},
+        query_prompt="",
+        document_prompt="",
+        batch_size=PAIRS,
+        cluster_size=PAIRS,
+        surrogate="tiny",
+        filter_false_negatives=False,
+        temperature=0.05,
+        learning_rate=1e-4,
+        added_params_lr=3e-2,
+        warmup_steps=0,
+        max_steps=STEPS,
+        seed=1,
+        output_dir=str(out),
+        save_steps=10_000,
+        logging_steps=10_000,
     )
 
 
