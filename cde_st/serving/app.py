@@ -51,7 +51,7 @@ class Settings:
     max_inputs: int = defaults.MAX_INPUTS
     max_body_bytes: int = defaults.MAX_BODY_BYTES
     max_batch_tokens: int | None = defaults.MAX_BATCH_TOKENS
-    truncate: bool = False  # what a request without "truncate" gets: False refuses an over-long input (OpenAI)
+    truncate: bool = defaults.TRUNCATE  # what a request without "truncate" gets
     # What one more forward costs in padded tokens ("auto": measured at warm-up; None: forwards kept full).
     forward_overhead_tokens: float | str | None = defaults.FORWARD_OVERHEAD_TOKENS
 

@@ -4,22 +4,25 @@ that run without the command (:class:`~cde_st.serving.app.Settings`, :class:`~cd
 :class:`~cde_st.serving.draining.DrainingServer`) all read them from here, so a server started by a script behaves
 as one started from the command line.
 
-Plain values and nothing imported: the ``--workers`` parent and ``--help`` read them without loading torch.
+Plain values (and the rule for the per-peer limit), nothing imported: the ``--workers`` parent and ``--help`` read them without loading torch.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ACCESS_LOG",
     "BACKEND",
     "CONTEXT_BATCH_SIZE",
     "CONTEXT_CACHE_BYTES",
     "CONTEXT_CACHE_MB",
     "CONTEXT_REFRESH_S",
     "DRAIN_TIMEOUT_S",
+    "DTYPE",
     "FORWARD_OVERHEAD_TOKENS",
     "HEAD_TIMEOUT_S",
     "HOST",
     "KEEP_ALIVE_S",
+    "LOG_LEVEL",
     "MAX_BATCH_SIZE",
     "MAX_BATCH_TOKENS",
     "MAX_BODY_BYTES",
@@ -32,9 +35,12 @@ __all__ = [
     "MAX_REQUESTS_PER_CONNECTION",
     "MAX_WAIT_MS",
     "MIB",
+    "MODEL_PROCESS",
     "PORT",
     "READ_TIMEOUT_S",
+    "TRUNCATE",
     "WORKERS",
+    "connections_per_peer",
 ]
 
 MIB = 1024 * 1024
@@ -44,6 +50,11 @@ MIB = 1024 * 1024
 HOST = "127.0.0.1"
 PORT = 8000
 BACKEND = "torch"
+#: The torch dtype the model is cast to after loading ("float32": no cast).
+DTYPE = "float32"
+LOG_LEVEL = "info"
+#: Every request in the log: off, as it costs throughput.
+ACCESS_LOG = False
 
 # ---------------------------------------------------------------------- batching
 #: Texts per forward pass.
@@ -56,6 +67,10 @@ MAX_QUEUE = 1024
 MAX_BATCH_TOKENS: int | None = None
 #: What one more forward costs in padded tokens: "auto" measures it at warm-up; None keeps forwards full.
 FORWARD_OVERHEAD_TOKENS: float | str | None = "auto"
+#: Forwards in a thread of the server's process; True: in a process of their own (CPU models).
+MODEL_PROCESS = False
+#: What a request that does not say gets: False refuses an input longer than the model reads (400), as OpenAI does.
+TRUNCATE = False
 
 # ---------------------------------------------------------------------- contexts and replicas
 #: Memory for the keys/values of contexts kept between switches (cached attention).
@@ -90,3 +105,8 @@ MAX_REQUESTS_PER_CONNECTION = 1000
 MAX_CONNECTION_AGE_S = 60.0
 #: After SIGTERM, how long requests in flight may take to finish, in seconds.
 DRAIN_TIMEOUT_S = 30.0
+
+
+def connections_per_peer(max_connections: int, given: int | None = MAX_CONNECTIONS_PER_PEER) -> int:
+    """The connections one client address may hold: ``given``, or half of ``max_connections`` (at least one)."""
+    return given if given is not None else max(1, max_connections // 2)

@@ -45,14 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="the name requests give as 'model' (default: the folder's name or the hub id)",
     )
     p.add_argument("--device", default=None, help="torch device (default: sentence-transformers' choice)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    add_backend_options(p)
+    p.add_argument("--dtype", default=defaults.DTYPE, choices=["float32", "float16", "bfloat16"])
+    add_backend_options(p, default=defaults.BACKEND)
     _batching_options(p.add_argument_group("batching"))
     _context_options(p.add_argument_group("contexts and replicas"))
     _request_options(p.add_argument_group("requests"))
     _connection_options(p.add_argument_group("connections"))
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    p.add_argument("--access-log", action="store_true", help="log every request (off: it costs throughput)")
+    p.add_argument("--log-level", default=defaults.LOG_LEVEL, choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        default=defaults.ACCESS_LOG,
+        help="log every request (off: it costs throughput)",
+    )
     return p
 
 
@@ -93,6 +98,7 @@ def _batching_options(p) -> None:  # an argument group of the parser
     p.add_argument(
         "--model-process",
         action="store_true",
+        default=defaults.MODEL_PROCESS,
         help="run the forwards in a process of their own beside the HTTP one (CPU models only): the event loop's "
         "Python then never holds up the model between torch operations, which matters most for short texts; costs "
         "a second process start (default: a thread of the server's process)",
@@ -100,6 +106,7 @@ def _batching_options(p) -> None:  # an argument group of the parser
     p.add_argument(
         "--truncate",
         action="store_true",
+        default=defaults.TRUNCATE,
         help="embed the first max_seq_length tokens of a longer input when a request does not say (default: refuse "
         'it with 400, as OpenAI does; a request\'s "truncate" field decides for itself)',
     )
@@ -292,7 +299,7 @@ def _uvicorn_config(uvicorn, app, args: argparse.Namespace):
             args.max_requests_per_connection,
             args.max_connection_age_s,
             head_timeout=args.head_timeout_s,
-            max_per_peer=args.max_connections_per_peer or max(1, args.max_connections // 2),
+            max_per_peer=defaults.connections_per_peer(args.max_connections, args.max_connections_per_peer),
         ),
         limit_concurrency=args.max_connections,
         timeout_keep_alive=args.keep_alive_s,
