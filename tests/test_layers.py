@@ -19,6 +19,7 @@ LAYERS = [
     {"modules"},
     {"released"},
     {"model", "model_card", "cache_key_warning", "hard_negatives", "command_line"},
+    {"fingerprints"},
     {"batching", "losses", "fast_encode", "export"},
     {"evaluation", "serving", "corpus"},
     {"training", "vector_stores"},

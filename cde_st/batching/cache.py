@@ -53,8 +53,13 @@ def _hash_array(hasher: Any, array: np.ndarray) -> None:
     hasher.update(memoryview(array).cast("B"))
 
 
-def model_fingerprint(model: SentenceTransformer | str) -> str:
-    """Identify a surrogate: a path/hub id with its weight files' sizes and mtimes, or a model's parameters."""
+def embedding_cache_key(model: SentenceTransformer | str) -> str:
+    """The cache key of a surrogate's embeddings: a path/hub id with its weight files' sizes and mtimes, or a model's
+    every weight byte and its active context's embedding fingerprint.
+
+    Not :func:`cde_st.fingerprints.model_fingerprint`: a cache must never hand back embeddings another input would
+    change, so it keys every byte (not a sample), the context that changes each embedding, and for a folder the
+    files themselves (read without loading the model)."""
     hasher = hashlib.sha256()
     if isinstance(model, (str, os.PathLike)):
         hasher.update(f"path:{os.fspath(model)}".encode())
@@ -153,6 +158,6 @@ __all__ = [
     "default_cache_dir",
     "default_surrogate_cache_dir",
     "load_clustering",
-    "model_fingerprint",
+    "embedding_cache_key",
     "save_clustering",
 ]

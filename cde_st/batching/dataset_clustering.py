@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from sentence_transformers import SentenceTransformer
 
-from cde_st.batching.cache import clustering_key, load_clustering, model_fingerprint, save_clustering
+from cde_st.batching.cache import clustering_key, embedding_cache_key, load_clustering, save_clustering
 from cde_st.batching.clustering import PairClustering, cluster_pairs, encode_domains
 from cde_st.batching.static_surrogate import StaticSurrogate
 from cde_st.batching.surrogate import (
@@ -68,7 +68,7 @@ def surrogate_cache_key(
     clusterings cached before the static surrogate existed still load)."""
     if isinstance(surrogate, StaticSurrogate):
         return surrogate.fingerprint()
-    key = model_fingerprint(surrogate)
+    key = embedding_cache_key(surrogate)
     if surrogate_kind == "static":
         version = import_model2vec().__version__
         key += f"|static:v{_STATIC_VERSION}:fit{static_fit_pairs}:d{static_dims}:model2vec{version}"

@@ -27,7 +27,7 @@ import numpy as np
 from sentence_transformers import SentenceTransformer
 
 from cde_st.atomic_files import write_folder_atomically
-from cde_st.batching.cache import default_surrogate_cache_dir, model_fingerprint
+from cde_st.batching.cache import default_surrogate_cache_dir, embedding_cache_key
 from cde_st.batching.static_surrogate import StaticSurrogate
 from cde_st.defaults import default_surrogate_model_path
 
@@ -132,7 +132,7 @@ def distill_static_surrogate(
         raise ValueError(f"dims must be a positive integer, got {dims!r}.")
     model2vec = import_model2vec(for_distillation=True)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_surrogate_cache_dir()
-    key = model_fingerprint(os.fspath(model))[:24]
+    key = embedding_cache_key(os.fspath(model))[:24]
     folder = cache_dir / f"static-{key}-d{dims}-m2v{model2vec.__version__}"
     if (folder / "config.json").exists():
         return folder

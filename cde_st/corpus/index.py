@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from cde_st.context import fingerprint_array
 from cde_st.corpus.corpus_context import context_path, read_context_file
 from cde_st.corpus.drift import RESAMPLE_ADVISED, manifest_drift
-from cde_st.corpus.fingerprints import model_fingerprint
+from cde_st.fingerprints import model_fingerprint
 from cde_st.corpus.manifest import ForeignOutputError, read_manifest, write_manifest
 from cde_st.corpus.shards import DamagedFileError, read_shard, write_atomically
 from cde_st.corpus.versions import versioned_name
@@ -175,7 +175,7 @@ def keeps_quantiser(previous: dict, choice: dict, manifest: dict) -> bool:
 
 
 def _check_model(folder: Path, manifest: dict, model: Any) -> None:
-    have, want = model_fingerprint(model), manifest["model"]["identity"]
+    have, want = model_fingerprint(model, with_context=False), manifest["model"]["identity"]
     if have != want:
         raise ForeignOutputError(
             f"{folder} was embedded by model {manifest['model']['name']} (fingerprint {want}); the model given has "

@@ -2,7 +2,7 @@
 
 The job, in order:
 
-1. The model's fingerprint (:func:`cde_st.serving.identity.model_identity`), prompt and dimension, the corpus's
+1. The model's fingerprint (:func:`cde_st.fingerprints.model_fingerprint`), prompt and dimension, the corpus's
    SHA-256 and the reader's fields; a folder written by another job, or holding files no job wrote, is refused
    (:mod:`cde_st.corpus.manifest`, :mod:`cde_st.corpus.output_folder`).
 2. One streaming pass over the corpus (:func:`~cde_st.corpus.scan.scan_corpus`): every record checked, repeated
@@ -42,7 +42,6 @@ from cde_st.corpus.corpus_context import (
 )
 from cde_st.corpus.drift import DriftReference, attach_reference
 from cde_st.corpus.encoders import DocumentEncoder, document_prompt
-from cde_st.corpus.fingerprints import model_fingerprint
 from cde_st.corpus.manifest import FORMAT, add_history, check_same_job, read_manifest, write_manifest
 from cde_st.corpus.output_folder import OutputFolder
 from cde_st.corpus.readers import CorpusReader
@@ -51,8 +50,8 @@ from cde_st.corpus.shards import DTYPES, content_hash, read_shard, shard_name, w
 from cde_st.corpus.versions import versioned_name
 from cde_st.data import DataError
 from cde_st.evaluation.models import load_options
+from cde_st.fingerprints import model_fingerprint
 from cde_st.model import context_prompt, is_contextual
-from cde_st.serving.identity import model_identity
 
 __all__ = [
     "READ_BATCH",
@@ -79,7 +78,7 @@ def job_header(model: Any, model_name: str, reader: CorpusReader, dtype: str, sh
         "version": 1,
         "model": {
             "name": model_name,
-            "identity": model_fingerprint(model),
+            "identity": model_fingerprint(model, with_context=False),
             "contextual": is_contextual(model),
             **load_options(model),  # backend and graph: cde-st-search loads the model as it ran here
         },
@@ -137,9 +136,9 @@ def _resolve_context(model, request, out_dir: Path, old: dict | None, scan: Scan
         prompt = context_prompt(model)
         texts = scan.sample[: request["size"]]  # the scan's sample is the bottom-k of a larger k: the same texts
         return embed_sampled_context(model, texts, prompt, request["size"], request["seed"], batch_size)
-    # A cde-st-serve context records model_identity of the model as the server loaded it (its saved context
+    # A cde-st-serve context records the fingerprint of the model as the server loaded it (its saved context
     # included): accept that one, or the context-free fingerprint.
-    identities = {model_identity(model), model_fingerprint(model)}
+    identities = {model_fingerprint(model), model_fingerprint(model, with_context=False)}
     return given_context(model, "model" if request["source"] == "model" else request["path"], identities)
 
 

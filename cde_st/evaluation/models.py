@@ -84,8 +84,10 @@ def default_model_name(model: Any, spec: str | Path | None) -> str:
     return f"local/{type(model).__name__}"
 
 
-def parameter_fingerprint(model: Any) -> str:
-    """Short hash of a model's weights: the default result revision, so different checkpoints never collide."""
+def weights_revision(model: Any) -> str:
+    """The default result revision (``params-`` and 12 hex digits): a hash of every weight byte, so checkpoints that
+    differ in any value never share results. Not :func:`cde_st.fingerprints.model_fingerprint` (a sample of the
+    values): a result cache must not hand back another checkpoint's scores."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
@@ -149,6 +151,6 @@ def mteb_model_meta(model: SentenceTransformer, *, name: str | None = None, revi
     return build_model_meta(
         model,
         name=name or default_model_name(model, None),
-        revision=f"{revision or parameter_fingerprint(model)}-{context}",
+        revision=f"{revision or weights_revision(model)}-{context}",
         experiment_kwargs=None,
     )

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from cde_st.context import check_seed, sample_context
 from cde_st.data import document_text, read_jsonl
 from cde_st.evaluation.model_context import context_sizes, is_contextual_model
-from cde_st.evaluation.models import build_model_meta, default_model_name, load_model, parameter_fingerprint
+from cde_st.evaluation.models import build_model_meta, default_model_name, load_model, weights_revision
 from cde_st.evaluation.pools import CONTEXT_MODES, ContextPlan, context_pool, unique_texts
 from cde_st.evaluation.prefixes import TaskPrefixes
 from cde_st.evaluation.provenance import check_cached, record_provenance, task_provenance
@@ -232,7 +232,7 @@ def evaluate_model(
     spec = model if isinstance(model, (str, Path)) else None
     model = _loaded_model(model, max_seq_length, device=device, backend=backend, onnx_file=onnx_file)
     model_name = model_name or default_model_name(model, spec)
-    revision = revision or parameter_fingerprint(model)
+    revision = revision or weights_revision(model)
     wrappers, runs = _plan_runs(
         model, resolved, model_name, revision, context, context_size, context_seed, random_corpus, data_dir,
         prefixes, prefix_overrides, identical_ids,

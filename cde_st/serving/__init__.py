@@ -1,7 +1,7 @@
 """``cde-st-serve``: an OpenAI-compatible embedding server with named corpus contexts.
 
 The modules split one concept each: :mod:`~cde_st.serving.errors` (OpenAI's error object),
-:mod:`~cde_st.serving.requests` (validating request bodies), :mod:`~cde_st.serving.identity` (which model a context
+:mod:`~cde_st.serving.requests` (validating request bodies), :mod:`~cde_st.fingerprints` (which model a context
 belongs to), :mod:`~cde_st.serving.contexts` (the named contexts and their files), :mod:`~cde_st.serving.engine`
 (the model, run in one worker thread), :mod:`~cde_st.serving.forwards` (its forwards: all a model process builds), :mod:`~cde_st.serving.batching` (coalescing concurrent requests),
 :mod:`~cde_st.serving.metrics` (Prometheus), :mod:`~cde_st.serving.readiness` (warm-up and ``/ready``),

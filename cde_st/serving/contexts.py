@@ -3,7 +3,7 @@ processes (replicas, on one host or on hosts sharing a volume) may use at once.
 
 A context is J first-stage vectors plus what identifies them: its name, the fingerprint of the sampled (prompted)
 documents (the same value ``model.set_context(documents, seed=seed).fingerprint`` gives in-process, so a fingerprint
-names the content), J, the seed and the identity of the model that made it (:mod:`cde_st.serving.identity`). Each
+names the content), J, the seed and the identity of the model that made it (:mod:`cde_st.fingerprints`). Each
 is one file, ``STATE_DIR/contexts/NAME.safetensors``, written atomically and checked at load
 (:mod:`cde_st.serving.context_files`).
 

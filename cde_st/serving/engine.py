@@ -28,6 +28,7 @@ from sentence_transformers.sentence_transformer.modules import Normalize
 
 from cde_st.backend_options import loading_kwargs
 from cde_st.context import ContextInfo
+from cde_st.fingerprints import model_fingerprint
 from cde_st.model import ContextualSentenceTransformer, is_contextual
 from cde_st.modules.first_stage_batches import in_input_order
 from cde_st.released import is_released_checkpoint, resolve_name
@@ -36,7 +37,6 @@ from cde_st.serving.context_cache import CacheStats
 from cde_st.serving.context_errors import ContextTooLarge
 from cde_st.serving.contexts import DEFAULT_NAME, StoredContext
 from cde_st.serving.forwards import Batch, Forwards
-from cde_st.serving.identity import model_identity
 from cde_st.serving.model_process import ModelProcess
 from cde_st.serving.tokens import RequestTokenizer, Tokens
 
@@ -93,7 +93,7 @@ def _served_model(
         model = load_model(model, device=device, backend=backend, onnx_file=onnx_file)
     model.eval()
     # The identity is read before a dtype cast, so a context made in float32 is served in bfloat16 too.
-    identity = model_identity(model)
+    identity = model_fingerprint(model)
     if dtype is not None and dtype != "float32":
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")

@@ -25,7 +25,7 @@ import torch
 
 from cde_st.context import fingerprint_array
 from cde_st.corpus.encoders import document_prompt
-from cde_st.corpus.fingerprints import model_fingerprint
+from cde_st.fingerprints import model_fingerprint
 from cde_st.model import contextual_module, is_contextual
 
 __all__ = [
@@ -78,7 +78,8 @@ class StoreRecord:
 
     Attributes:
         model_name: how to load the model again (a folder or hub id; the name ``cde-st-embed`` recorded).
-        model_fingerprint: :func:`cde_st.corpus.fingerprints.model_fingerprint` (the manifest's ``model.identity``).
+        model_fingerprint: :func:`cde_st.fingerprints.model_fingerprint` without the context (the manifest's
+            ``model.identity``).
         context_fingerprint: :func:`cde_st.context.fingerprint_array` of the context vectors (None: a plain model).
         embedding_fingerprint: the contextual module's embedding fingerprint with that context (None: plain model).
         dimension: the vectors' width.
@@ -114,7 +115,7 @@ class StoreRecord:
             raise ValueError(f"{type(model).__name__} is not a contextual model; it takes no context.")
         return cls(
             model_name=str(model_name),
-            model_fingerprint=model_fingerprint(model),
+            model_fingerprint=model_fingerprint(model, with_context=False),
             context_fingerprint=None if context is None else fingerprint_array(context),
             embedding_fingerprint=None if context is None else _embedding_fingerprint(model, context),
             dimension=int(model.get_embedding_dimension()),

@@ -51,12 +51,12 @@ def test_cache_keys_are_those_of_the_code_before_the_split(tmp_path, monkeypatch
 def test_a_contextual_surrogate_is_keyed_by_its_context(make_tiny_cde):
     """A contextual model given as the surrogate embeds the pairs with its context: two contexts are two cache
     keys (its context is no weight, so a key of the weights alone would reuse the other context's clustering)."""
-    from cde_st.batching.cache import model_fingerprint
+    from cde_st.batching.cache import embedding_cache_key
 
     model = make_tiny_cde(context_size=4)
     model.set_context(["rain falls", "stocks fell", "cats sleep", "tea leaves"], seed=0)
-    first = model_fingerprint(model)
+    first = embedding_cache_key(model)
     model.set_context(["mars is red", "ice melts", "birds sing", "rivers run"], seed=0)
-    assert model_fingerprint(model) != first
+    assert embedding_cache_key(model) != first
     model.set_context(["rain falls", "stocks fell", "cats sleep", "tea leaves"], seed=0)
-    assert model_fingerprint(model) == first
+    assert embedding_cache_key(model) == first

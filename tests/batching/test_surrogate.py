@@ -37,11 +37,11 @@ def test_static_surrogate_is_deterministic_and_harder_than_random(static_root, t
 def test_distilled_surrogate_is_cached_and_reused(static_root, topic_bert_dir, monkeypatch):
     import model2vec.distill
 
-    from cde_st.batching.cache import model_fingerprint
+    from cde_st.batching.cache import embedding_cache_key
 
     cache_dir = static_root / "surrogates"
     folders = [p for p in cache_dir.iterdir() if p.is_dir()]
-    assert len(folders) == 1 and folders[0].name.startswith(f"static-{model_fingerprint(topic_bert_dir)[:24]}-")
+    assert len(folders) == 1 and folders[0].name.startswith(f"static-{embedding_cache_key(topic_bert_dir)[:24]}-")
 
     def fail(*args, **kwargs):
         raise AssertionError("distilled again")

@@ -13,7 +13,7 @@ from corpus_helpers import DOCS, as_if_killed, write_jsonl
 from cde_st.corpus import ForeignOutputError, embed_corpus
 from cde_st.serving.context_errors import ContextDamaged
 from cde_st.serving.context_files import StoredContext, read, write
-from cde_st.serving.identity import model_identity
+from cde_st.fingerprints import model_fingerprint
 
 
 def test_a_corpus_edited_in_place_with_the_same_size_is_refused_on_resume(tiny_plain, corpus_file, tmp_path):
@@ -56,7 +56,7 @@ def test_a_resume_with_other_reader_fields_is_refused_naming_both(tiny_plain, tm
 
 def test_a_damaged_served_context_is_refused_as_the_server_refuses_it(tiny_cde, corpus_file, tmp_path):
     vectors = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
-    stored = StoredContext("docs", "f", 4, 0, vectors, model_identity=model_identity(tiny_cde))
+    stored = StoredContext("docs", "f", 4, 0, vectors, model_identity=model_fingerprint(tiny_cde))
     path = write(tmp_path, stored)
     assert embed_corpus(tiny_cde, corpus_file, tmp_path / "ok", context=str(path), show_progress_bar=False)["complete"]
     data = bytearray(path.read_bytes())

@@ -20,7 +20,7 @@ from cde_st import ContextualSentenceTransformer  # noqa: E402
 from cde_st.convert_command import convert_run  # noqa: E402
 from cde_st.export import export_onnx  # noqa: E402
 from cde_st.modules.onnx_runtime import EXPORT_FOLDER, RECORD_FILE  # noqa: E402
-from cde_st.serving.identity import model_identity  # noqa: E402
+from cde_st.fingerprints import model_fingerprint  # noqa: E402
 
 CORPUS = [f"document {i} about w{i % 5} and w{i % 3} and rain {i % 7}" for i in range(40)]
 QUERIES = ["what is w1", "rain 3 and w2 w2 w2 and more words", "x"]
@@ -95,7 +95,7 @@ def test_the_record_and_the_int8_graphs(exported):
     assert cosines.min() > 0.98 and np.abs(expected - got).max() > 1e-6  # close, and really quantised
     fp32 = ContextualSentenceTransformer(str(folder), backend="onnx")
     # Each runtime is part of what the model's embeddings depend on: caches and stored contexts keep them apart.
-    identities = {model_identity(m) for m in (torch_model, fp32, int8)}
+    identities = {model_fingerprint(m) for m in (torch_model, fp32, int8)}
     fingerprints = {m[0].embedding_fingerprint() for m in (torch_model, fp32, int8)}
     assert len(identities) == 3 and len(fingerprints) == 3
     with pytest.raises(ValueError, match="not one of the graphs"):
