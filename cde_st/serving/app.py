@@ -90,15 +90,13 @@ class _Service:
         self.engine, self.store, self.settings = engine, store, settings
         self.metrics = Metrics()
         self.batcher = DynamicBatcher(
-            self._forward,
+            _engine_forward(engine),
             engine.executor,
             max_batch_size=settings.max_batch_size,
             max_wait=settings.max_wait_ms / 1000,
             max_queue=settings.max_queue,
-            on_batch=self.metrics.observe_batch,
-            on_queue=self.metrics.queue_depth.set,
             max_batch_tokens=settings.max_batch_tokens,
-            on_abandoned=self.metrics.abandoned_texts.inc,
+            registry=self.metrics.registry,  # the batcher's metrics are exported beside the server's
         )
         engine.waiting = lambda: self.batcher.pending  # a context creation lets queued embeddings go first
         self.readiness = Readiness(
@@ -109,13 +107,6 @@ class _Service:
         )
         self._warned_agents: set[str] = set()
         self.api_key = settings.api_key.encode("utf-8") if settings.api_key else None
-
-    def _forward(self, key, parts: list[Tokens]) -> Batch:
-        started, forwards = time.perf_counter(), self.engine.forwards
-        batch = self.engine.embed_tokens(parts, key[0])
-        self.metrics.forward_seconds.observe(time.perf_counter() - started)
-        self.metrics.forwards.inc(self.engine.forwards - forwards)
-        return batch
 
     # ------------------------------------------------------------------ what every route runs
     def check_key(self, request: Request) -> None:
@@ -330,7 +321,18 @@ class _Service:
     async def prometheus(self, request: Request) -> Response:
         if self.engine.contextual:
             self.metrics.observe_context_cache(self.engine.cache_stats())
+        self.metrics.observe_forwards(self.engine.forwards)
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+
+def _engine_forward(engine: Engine):
+    """The batcher's forward: a batch's key is (context, input type), and its tokens carry the input type's prompt
+    already, so the engine needs the context only."""
+
+    def forward(key: tuple, parts: list[Tokens]) -> Batch:
+        return engine.embed_tokens(parts, key[0])
+
+    return forward
 
 
 def _embedding_rows(vectors, dimensions: int | None, normalizes: bool, encoding_format: str) -> list:

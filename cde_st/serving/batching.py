@@ -4,7 +4,9 @@ Requests with the same key (the server's key: context and input type) queue toge
 oldest request waited longest, waits at most ``max_wait`` seconds *from that request's arrival* for more texts of
 the same key (requests that queued during the previous forward are not delayed again), takes up to
 ``max_batch_size`` texts and, when set, ``max_batch_tokens`` tokens counted with padding (texts times the longest;
-a larger single request goes alone), and runs the forward in the executor, one at a time.
+a larger single request goes alone), and runs the forward in the executor, one at a time. The batcher keeps its
+own metrics (:class:`~cde_st.serving.metrics.QueueMetrics`: batch sizes, queue depth, forward time, texts whose
+clients left), in the registry the server gives it.
 
 The queue is bounded in texts: a request that would overflow it is refused at once with :class:`Overloaded` (the
 server answers 429 with ``Retry-After``), instead of growing without limit or timing out silently. A request
@@ -26,7 +28,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from cde_st.serving import defaults
+from cde_st.serving.metrics import QueueMetrics
 
 __all__ = ["DynamicBatcher", "Overloaded", "Unavailable"]
 
@@ -66,24 +71,22 @@ class _Request:
 
 
 class DynamicBatcher:
-    """``run(key, payloads)`` is the forward (blocking, run in ``executor``) of the payloads batched together (each
-    what one request submitted: a sized object, e.g. its tokenised texts, whose ``longest`` attribute, if any, is
-    its longest text in tokens); it returns an object whose ``rows(start, stop)`` gives one request's part, rows
-    counted across the payloads in order. ``on_batch(n_texts, n_requests)`` and ``on_queue(n_texts)`` observe batch
-    sizes and queue depth (metrics); ``on_abandoned(n_texts)`` the texts of requests whose clients left before
-    their forward (skipped, never computed)."""
+    """``forward(key, payloads)`` is the model's forward (blocking, run in ``executor``; the server's engine) of the
+    payloads batched together (each what one request submitted: a sized object, e.g. its tokenised texts, whose
+    ``longest`` attribute, if any, is its longest text in tokens); it returns an object whose ``rows(start, stop)``
+    gives one request's part, rows counted across the payloads in order. :attr:`metrics` (in ``registry``; None:
+    one of its own) counts the batches, the queue depth, the forwards' time and the texts of requests whose clients
+    left before their forward (skipped, never computed)."""
 
     def __init__(
         self,
-        run: Callable[[Hashable, list], Any],
+        forward: Callable[[Hashable, list], Any],
         executor: Executor,
         max_batch_size: int = defaults.MAX_BATCH_SIZE,
         max_wait: float = defaults.MAX_WAIT_MS / 1000,
         max_queue: int = defaults.MAX_QUEUE,
-        on_batch: Callable[[int, int], None] | None = None,
-        on_queue: Callable[[int], None] | None = None,
         max_batch_tokens: int | None = defaults.MAX_BATCH_TOKENS,
-        on_abandoned: Callable[[int], None] | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         if (
             max_batch_size < 1
@@ -92,10 +95,10 @@ class DynamicBatcher:
             or (max_batch_tokens is not None and max_batch_tokens < 1)
         ):
             raise ValueError("max_batch_size, max_queue and max_batch_tokens must be >= 1 and max_wait >= 0.")
-        self.run, self.executor = run, executor
+        self.forward, self.executor = forward, executor
         self.max_batch_size, self.max_wait, self.max_queue = max_batch_size, max_wait, max_queue
         self.max_batch_tokens = max_batch_tokens
-        self.on_batch, self.on_queue, self.on_abandoned = on_batch, on_queue, on_abandoned
+        self.metrics = QueueMetrics(registry)
         self._queues: OrderedDict[Hashable, deque[_Request]] = OrderedDict()
         self._pending = 0  # texts queued, not yet handed to a forward
         self._arrival: asyncio.Event | None = None
@@ -180,8 +183,7 @@ class DynamicBatcher:
         self._pending = pending
         if pending == 0 and self._drained is not None:
             self._drained.set()
-        if self.on_queue is not None:
-            self.on_queue(pending)
+        self.metrics.queue_depth.set(pending)
 
     def _full(self, key: Hashable) -> bool:
         """Whether the requests queued under ``key`` fill a batch (texts, or tokens with padding)."""
@@ -207,8 +209,7 @@ class DynamicBatcher:
             request = queue.popleft()
             self._pending -= request.size
             if request.future.done():  # the client went away (its handler was cancelled): nothing to compute
-                if self.on_abandoned is not None:
-                    self.on_abandoned(request.size)
+                self.metrics.abandoned_texts.inc(request.size)
                 continue
             taken.append(request)
             size, longest = size + request.size, max(longest, request.longest)
@@ -231,6 +232,13 @@ class DynamicBatcher:
                 break
         return key, self._take(key)
 
+    def _timed(self, key: Hashable, payloads: list) -> Any:
+        """The forward, timed where it runs (the executor's thread), so the time is the model's, not the queue's."""
+        started = time.perf_counter()
+        result = self.forward(key, payloads)
+        self.metrics.forward_seconds.observe(time.perf_counter() - started)
+        return result
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -238,10 +246,9 @@ class DynamicBatcher:
             if not batch:
                 continue
             self._running = batch
-            if self.on_batch is not None:
-                self.on_batch(sum(r.size for r in batch), len(batch))
+            self.metrics.observe_batch(sum(r.size for r in batch), len(batch))
             try:
-                result = await loop.run_in_executor(self.executor, self.run, key, [r.payload for r in batch])
+                result = await loop.run_in_executor(self.executor, self._timed, key, [r.payload for r in batch])
             except asyncio.CancelledError:
                 raise  # stopping: stop() fails the running requests
             except Exception as exc:  # the forward failed: every request of the batch gets the error

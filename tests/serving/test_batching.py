@@ -135,12 +135,17 @@ def test_a_lone_request_waits_at_most_max_wait():
     assert 0.09 <= run(go()) < 5
 
 
+def sample(batcher: DynamicBatcher, name: str) -> float:
+    """One of the batcher's own metrics, as /metrics would export it."""
+    return batcher.metrics.registry.get_sample_value(name)
+
+
 def test_a_full_queue_refuses_at_once_and_recovers():
     forward = FakeForward()
     depths = []
 
     async def go():
-        batcher = make(forward, max_batch_size=2, max_wait=0, max_queue=4, on_queue=depths.append)
+        batcher = make(forward, max_batch_size=2, max_wait=0, max_queue=4)
         batcher.start()
         forward.gate.clear()
         running = asyncio.create_task(batcher.submit("k", ["running"]))
@@ -148,6 +153,7 @@ def test_a_full_queue_refuses_at_once_and_recovers():
         queued = [asyncio.create_task(batcher.submit("k", [f"q{i}", f"q{i}b"])) for i in range(2)]
         await asyncio.sleep(0.01)
         assert batcher.pending == 4
+        depths.append(sample(batcher, "cde_st_queue_depth_texts"))
         with pytest.raises(Overloaded) as refused:
             await batcher.submit("k", ["one too many"])
         assert refused.value.retry_after >= 1
@@ -155,11 +161,12 @@ def test_a_full_queue_refuses_at_once_and_recovers():
         await asyncio.gather(running, *queued)
         # an empty queue admits even a request larger than the bound (it could never be served otherwise)
         alone = await batcher.submit("k", [f"w{i}" for i in range(6)])
+        depths.append(sample(batcher, "cde_st_queue_depth_texts"))
         await batcher.stop()
         return alone
 
     assert len(run(go())) == 6
-    assert depths[: depths.index(6)] and max(depths[: depths.index(6)]) == 4 and depths[-1] == 0
+    assert depths == [4, 0]
 
 
 def test_a_failed_forward_fails_its_requests_only():
@@ -205,8 +212,9 @@ def test_a_cancelled_request_is_not_computed_and_stop_fails_the_queue():
         for task in (blocked, waiting):
             with pytest.raises(Unavailable, match="shutting down"):
                 await task
+        return sample(batcher, "cde_st_abandoned_texts_total")
 
-    run(go())
+    assert run(go()) == 1  # the request whose client went away, counted by the batcher itself
     texts = [t for _, batch in forward.batches for t in batch]
     assert "client went away" not in texts and "never run" not in texts and "kept" in texts
 
@@ -280,13 +288,17 @@ def test_a_dead_loop_fails_its_requests_with_503_and_is_restarted():
     forward = FakeForward()
     calls = []
 
-    def on_batch(n_texts, n_requests):
-        calls.append(n_texts)
-        if len(calls) == 1:
-            raise KeyError("a bug outside the forward kills the loop")
-
     async def go():
-        batcher = make(forward, max_batch_size=4, max_wait=0, on_batch=on_batch)
+        batcher = make(forward, max_batch_size=4, max_wait=0)
+        observe = batcher.metrics.observe_batch
+
+        def observe_batch(n_texts, n_requests):
+            calls.append(n_texts)
+            if len(calls) == 1:
+                raise KeyError("a bug outside the forward kills the loop")
+            observe(n_texts, n_requests)
+
+        batcher.metrics.observe_batch = observe_batch
         batcher.start()
         with pytest.raises(Unavailable, match="loop failed"):
             await asyncio.wait_for(batcher.submit("k", ["first"]), timeout=5)
@@ -296,3 +308,30 @@ def test_a_dead_loop_fails_its_requests_with_503_and_is_restarted():
         return answer, restarts
 
     assert run(go()) == ([("k", "second")], 1)
+
+
+def test_the_batcher_counts_its_batches_and_times_its_forwards_in_the_registry_given():
+    """The batcher owns its metrics: batch sizes, forward time and queue depth land in the server's registry."""
+    from prometheus_client import CollectorRegistry
+
+    forward, registry = FakeForward(), CollectorRegistry()
+
+    async def go():
+        batcher = DynamicBatcher(forward, ThreadPoolExecutor(max_workers=1), max_batch_size=8, max_wait=0,
+                                 registry=registry)  # fmt: skip
+        batcher.start()
+        forward.gate.clear()
+        first = asyncio.create_task(batcher.submit("k", ["a"]))
+        await until_a_forward_runs(forward)
+        rest = [asyncio.create_task(batcher.submit("k", [f"t{i}", f"u{i}"])) for i in range(3)]
+        await asyncio.sleep(0.01)
+        forward.gate.set()
+        await asyncio.gather(first, *rest)
+        await batcher.stop()
+
+    run(go())
+    assert registry.get_sample_value("cde_st_batch_size_texts_sum") == 7  # 1, then 3 requests of 2 in one batch
+    assert registry.get_sample_value("cde_st_batch_size_requests_sum") == 4
+    assert registry.get_sample_value("cde_st_batch_size_texts_count") == 2
+    assert registry.get_sample_value("cde_st_forward_seconds_count") == 2
+    assert registry.get_sample_value("cde_st_queue_depth_texts") == 0
