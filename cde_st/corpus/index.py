@@ -27,10 +27,10 @@ from tqdm.auto import tqdm
 from cde_st.context import fingerprint_array
 from cde_st.corpus.corpus_context import context_path, read_context_file
 from cde_st.corpus.drift import RESAMPLE_ADVISED, manifest_drift
-from cde_st.fingerprints import model_fingerprint
 from cde_st.corpus.manifest import ForeignOutputError, read_manifest, write_manifest
 from cde_st.corpus.shards import DamagedFileError, read_shard, write_atomically
 from cde_st.corpus.versions import versioned_name
+from cde_st.fingerprints import model_fingerprint
 from cde_st.model import is_contextual
 
 __all__ = [

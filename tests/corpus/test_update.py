@@ -11,11 +11,11 @@ import pytest
 from corpus_helpers import DOCS, all_rows, write_jsonl
 
 from cde_st.corpus import ForeignOutputError, embed_corpus, read_manifest
-from cde_st.fingerprints import model_fingerprint
 from cde_st.corpus.index import build_index, search_index
 from cde_st.corpus.manifest import add_history
 from cde_st.corpus.update import update_corpus
 from cde_st.data import DataError
+from cde_st.fingerprints import model_fingerprint
 
 
 def _changed(i: int) -> dict:

@@ -19,8 +19,8 @@ pytest.importorskip("onnxscript", reason="the onnx extra (onnxscript) is not ins
 from cde_st import ContextualSentenceTransformer  # noqa: E402
 from cde_st.convert_command import convert_run  # noqa: E402
 from cde_st.export import export_onnx  # noqa: E402
-from cde_st.modules.onnx_runtime import EXPORT_FOLDER, RECORD_FILE  # noqa: E402
 from cde_st.fingerprints import model_fingerprint  # noqa: E402
+from cde_st.modules.onnx_runtime import EXPORT_FOLDER, RECORD_FILE  # noqa: E402
 
 CORPUS = [f"document {i} about w{i % 5} and w{i % 3} and rain {i % 7}" for i in range(40)]
 QUERIES = ["what is w1", "rain 3 and w2 w2 w2 and more words", "x"]
