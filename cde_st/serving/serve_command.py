@@ -93,7 +93,7 @@ def _batching_options(p) -> None:  # an argument group of the parser
         default=defaults.FORWARD_OVERHEAD_TOKENS,
         help="what one more forward pass costs, in padded tokens: a batch is cut into forwards by length where "
         "padding would cost more (auto: measured at start, a few dozen tokens on a CPU; off: every forward as full "
-        "as --max-batch-size and --max-batch-tokens allow; default auto)",
+        f"as --max-batch-size and --max-batch-tokens allow; default {defaults.FORWARD_OVERHEAD_TOKENS})",
     )
     p.add_argument(
         "--model-process",

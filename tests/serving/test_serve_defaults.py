@@ -137,6 +137,7 @@ def test_the_help_texts_state_the_defaults():
         ("--head-timeout-s", f"{defaults.HEAD_TIMEOUT_S:g}"),
     ]:
         assert f"(default {value}" in helps[option], (option, helps[option])
+    assert f"default {defaults.FORWARD_OVERHEAD_TOKENS})" in helps["--forward-overhead-tokens"]
 
 
 def test_the_classes_defaults_are_the_commands():
