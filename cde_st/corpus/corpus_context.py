@@ -6,9 +6,9 @@ samples or embeds its own. A context is named by :func:`~cde_st.context.fingerpr
 job's manifest records and every later search checks.
 
 Context files: a ``.npy`` array (J, d), or a ``.safetensors`` file with a ``vectors`` tensor. A named context of
-``cde-st-serve`` is such a file (``STATE_DIR/contexts/NAME.safetensors``); it is checked as the server checks it
+``cde-st-serve`` is such a file (``STATE_DIR/contexts/NAME.safetensors``); it is read by the server's own reader
 (:func:`cde_st.serving.context_files.read`: checksum, shape, finite values), and its metadata says which model made
-it: a damaged context, or one made by another model, is refused.
+it: a damaged context, or one made by another model, is refused, a damaged one with the server's message.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import torch
 from cde_st.context import fingerprint_array, fingerprint_texts
 from cde_st.corpus.shards import write_atomically
 from cde_st.model import contextual_module, is_contextual
+from cde_st.serving import context_files
 from cde_st.serving.context_errors import ContextDamaged
-from cde_st.serving.context_files import read as read_served_context
 
 __all__ = [
-    "SERVE_METADATA_KEY",
     "CORPUS_METADATA_KEY",
     "CONTEXT_FILE",
     "CorpusContext",
@@ -40,8 +39,6 @@ __all__ = [
 
 #: The file the job keeps its context in, beside the manifest.
 CONTEXT_FILE = "context.safetensors"
-#: The metadata key of a ``cde-st-serve`` context file (its format: cde_st/serving/contexts.py).
-SERVE_METADATA_KEY = "cde_st_serving_context"
 #: The metadata key of the context file a job keeps (:meth:`CorpusContext.save`).
 CORPUS_METADATA_KEY = "cde_st_corpus"
 
@@ -109,20 +106,14 @@ def read_context_file(path: str | Path, model_identities: set[str] | None = None
         from safetensors import safe_open
 
         with safe_open(str(path), framework="np") as f:
-            if "vectors" not in f.keys():
-                raise ValueError(f"{path}: no 'vectors' tensor (found: {list(f.keys())}).")
-            vectors = f.get_tensor("vectors")
-            metadata = f.metadata() or {}
-        served = json.loads(metadata.get(SERVE_METADATA_KEY, "null"))
-        if isinstance(served, dict):
-            _check_served(path, served)
-            made_by = served.get("model_identity")
-            if model_identities and made_by is not None and made_by not in model_identities:
-                raise ValueError(
-                    f"{path}: context {served.get('name')!r} was made by another model (identity {made_by}; this "
-                    f"model is {' / '.join(sorted(model_identities))}); its vectors mean nothing to this model."
-                )
-            details = {"served_name": served.get("name"), "served_fingerprint": served.get("fingerprint")}
+            keys, metadata = list(f.keys()), f.metadata() or {}
+            vectors = f.get_tensor("vectors") if "vectors" in keys else None
+        if context_files.holds_context(metadata):
+            served = _served_context(path, model_identities)
+            vectors = served.vectors.numpy()
+            details = {"served_name": served.name, "served_fingerprint": served.fingerprint}
+        elif vectors is None:
+            raise ValueError(f"{path}: no 'vectors' tensor (found: {keys}).")
         saved = json.loads(metadata.get(CORPUS_METADATA_KEY, "null"))
         if isinstance(saved, dict):  # a context this module saved: keep what it came from
             vectors = np.asarray(vectors, dtype=np.float32)
@@ -135,12 +126,19 @@ def read_context_file(path: str | Path, model_identities: set[str] | None = None
     return CorpusContext(vectors, "file", {"source": "file", "path": str(path.resolve())}, details=details)
 
 
-def _check_served(path: Path, served: dict) -> None:
-    """Refuse a ``cde-st-serve`` context file the server would refuse (its own reader, checksum included)."""
+def _served_context(path: Path, model_identities: set[str] | None) -> context_files.StoredContext:
+    """A ``cde-st-serve`` context file read by the server's reader (checksum included), refused as the server refuses
+    it, or when another model made it."""
     try:
-        read_served_context(path, served.get("name"))  # the name it records: a copy may be renamed
+        served = context_files.read(path)  # the name it records: a copy may be renamed
     except ContextDamaged as err:
         raise ValueError(f"{err} cde-st-serve refuses this file too; give an intact context file.") from None
+    if model_identities and served.model_identity not in model_identities:
+        raise ValueError(
+            f"{path}: context {served.name!r} was made by another model (identity {served.model_identity}; this "
+            f"model is {' / '.join(sorted(model_identities))}); its vectors mean nothing to this model."
+        )
+    return served
 
 
 def given_context(model: Any, spec: str, model_identities: set[str] | None = None) -> CorpusContext:

@@ -7,6 +7,10 @@ the old file or the new one, never half of one. Reading checks what a rename can
 copy fault, a hand edit), the format, the name, the shape and that every value is finite; a file failing any check
 raises :class:`~cde_st.serving.context_errors.ContextDamaged`. Files written before checksums existed are read with
 every other check.
+
+This is the one reader of the format: ``cde-st-serve`` loads its contexts with :func:`read`, and ``cde-st-embed
+--context`` reads an exported context file through it too (:func:`holds_context` tells such a file from other
+safetensors files), so a file one of them refuses the other refuses with the same message.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from cde_st.atomic_files import write_atomically
 from cde_st.modules.integrity import check_readable
 from cde_st.serving.context_errors import ContextDamaged
 
-__all__ = ["METADATA_KEY", "PAUSE_ENV", "SUFFIX", "StoredContext", "read", "write"]
+__all__ = ["METADATA_KEY", "PAUSE_ENV", "SUFFIX", "StoredContext", "holds_context", "read", "write"]
 
 SUFFIX = ".safetensors"
 METADATA_KEY = "cde_st_serving_context"
@@ -98,37 +102,46 @@ def _test_pause() -> None:
         time.sleep(float(pause))
 
 
-def read(path: Path, name: str) -> StoredContext:
-    """The context stored at ``path`` (named ``name``); :class:`ContextDamaged` naming the fault when the file
-    fails a check. An unreadable file (permissions, I/O) raises its OSError."""
+def holds_context(metadata: dict[str, str] | None) -> bool:
+    """Whether a safetensors file with this header ``metadata`` was written as a stored context (read it with
+    :func:`read`, which checks it)."""
+    return METADATA_KEY in (metadata or {})
+
+
+def read(path: Path, name: str | None = None) -> StoredContext:
+    """The context stored at ``path`` (named ``name``; None: whatever name the file records, as a copied file may
+    have been renamed); :class:`ContextDamaged` naming the fault when the file fails a check. An unreadable file
+    (permissions, I/O) raises its OSError."""
+    path = Path(path)
+    shown = name if name is not None else path.name.removesuffix(SUFFIX)  # the name an error message uses
     check_readable(str(path))  # safetensors would report a permission error as a missing file
     try:
         with safe_open(path, framework="pt") as f:
             tensors = {key: f.get_tensor(key) for key in f.keys()}
             meta = json.loads((f.metadata() or {}).get(METADATA_KEY, "null"))
     except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
-        raise ContextDamaged(f"Context {name!r} is damaged: {path} is not a readable context file ({exc}).") from None
+        raise ContextDamaged(f"Context {shown!r} is damaged: {path} is not a readable context file ({exc}).") from None
     try:
         return _checked(path, name, tensors, meta)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ContextDamaged(f"Context {name!r} is damaged: {path}: {exc}") from None
+        raise ContextDamaged(f"Context {shown!r} is damaged: {path}: {exc}") from None
 
 
-def _checked(path: Path, name: str, tensors: dict, meta) -> StoredContext:
+def _checked(path: Path, name: str | None, tensors: dict, meta) -> StoredContext:
     if not isinstance(meta, dict) or "vectors" not in tensors:
         raise ValueError("not a cde-st-serve context file (no metadata or no vectors)")
     vectors = tensors["vectors"].float()
     expected = meta.pop("checksum", None)
     if expected is not None and _checksum(vectors, meta) != expected:
         raise ValueError("its checksum does not match its contents (the file was altered after it was written)")
-    if meta.get("name") != name:
+    if name is not None and meta.get("name") != name:
         raise ValueError(f"the file is named {name!r} but records the context {meta.get('name')!r}")
     if vectors.ndim != 2 or len(vectors) != meta["size"]:
         raise ValueError(f"vectors of shape {tuple(vectors.shape)} do not match size={meta['size']}")
     if not torch.isfinite(vectors).all():
         raise ValueError("its vectors hold NaN or infinite values")
     return StoredContext(
-        name=name,
+        name=name if name is not None else str(meta["name"]),
         fingerprint=str(meta["fingerprint"]),
         size=int(meta["size"]),
         seed=meta.get("seed"),

@@ -65,3 +65,24 @@ def test_search_index_refuses_counts_below_one(tmp_path):
         search_index(tmp_path, None, ["rain"], k=0)
     with pytest.raises(ValueError, match=r"nprobe \(--nprobe\) must be at least 1, got -1"):
         search_index(tmp_path, None, ["rain"], nprobe=-1)
+
+
+def test_a_damaged_served_context_is_one_line_with_the_servers_message(make_tiny_cde, corpus_file, tmp_path, capsys):
+    """``--context`` given a cde-st-serve context file reads it with the server's reader: the server's message."""
+    import torch
+
+    from cde_st.fingerprints import model_fingerprint
+    from cde_st.serving.context_errors import ContextDamaged
+    from cde_st.serving.context_files import StoredContext, read, write
+
+    model = make_tiny_cde(context_size=4)
+    model.save(str(tmp_path / "model"))
+    vectors = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
+    path = write(tmp_path, StoredContext("docs", "f", 4, 0, vectors, model_identity=model_fingerprint(model)))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # a flipped bit in the last vector
+    path.write_bytes(bytes(data))
+    with pytest.raises(ContextDamaged) as by_server:
+        read(path, "docs")
+    embed = [str(tmp_path / "model"), corpus_file, "--out", str(tmp_path / "out"), "--context", str(path), "--quiet"]
+    assert str(by_server.value) in _error_line(embed_main, embed, capsys)
