@@ -111,7 +111,7 @@ class Engine:
         model: str | SentenceTransformer,
         *,
         device: str | None = None,
-        dtype: str | None = None,
+        dtype: str | None = defaults.DTYPE,
         backend: str = defaults.BACKEND,
         onnx_file: str | None = None,
         served_name: str | None = None,
@@ -119,7 +119,7 @@ class Engine:
         max_batch_tokens: int | None = defaults.MAX_BATCH_TOKENS,
         context_cache_bytes: int = defaults.CONTEXT_CACHE_BYTES,
         context_batch_size: int = defaults.CONTEXT_BATCH_SIZE,
-        model_process: bool = False,
+        model_process: bool = defaults.MODEL_PROCESS,
     ) -> None:
         location = model if isinstance(model, str) else None
         self.model, self.identity = _served_model(model, device, dtype, backend, onnx_file)

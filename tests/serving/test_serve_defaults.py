@@ -147,6 +147,8 @@ def test_the_classes_defaults_are_the_commands():
     assert _default(DynamicBatcher, "max_wait") == args.max_wait_ms / 1000
     assert _default(DynamicBatcher, "max_queue") == args.max_queue
     assert _default(Engine, "backend") == args.backend
+    assert _default(Engine, "dtype") == args.dtype
+    assert _default(Engine, "model_process") == args.model_process
     assert _default(Engine, "context_cache_bytes") == int(args.context_cache_mb * defaults.MIB)
     assert _default(Engine, "context_batch_size") == defaults.CONTEXT_BATCH_SIZE
     assert _default(ContextStore, "refresh_seconds") == args.context_refresh_s
