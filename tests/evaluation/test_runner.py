@@ -190,7 +190,10 @@ def test_random_corpus_and_context_seed_errors_name_the_option(data_dir, tmp_pat
         runner.evaluate_model(tiny_plain_model, ["tinyret"], data_dir=data_dir, context_seed=-1, output_dir=None)
     from cde_st.cli import eval_run
 
-    assert eval_run(["--model", str(tmp_path), "--tasks", "tinyret", "--context-seed", "-1"]) == 2
+    # the command refuses it when reading its arguments (command_line.Number): one line naming it, exit status 2
+    with pytest.raises(SystemExit) as stopped:
+        eval_run(["--model", str(tmp_path), "--tasks", "tinyret", "--context-seed", "-1"])
+    assert stopped.value.code == 2
     assert "--context-seed" in capsys.readouterr().err
 
 
