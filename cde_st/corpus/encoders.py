@@ -16,7 +16,7 @@ import torch
 
 from cde_st.model import is_contextual
 
-__all__ = ["DOCUMENT_PROMPT_NAMES", "DocumentEncoder", "document_prompt"]
+__all__ = ["DOCUMENT_PROMPT_NAMES", "DocumentEncoder", "WorkerPool", "document_prompt"]
 
 #: The prompt names sentence-transformers' ``encode_document`` looks for, in its order.
 DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
@@ -33,9 +33,39 @@ def document_prompt(model: Any) -> str:
     return prompts.get(default, "") if default else ""
 
 
+class WorkerPool:
+    """sentence-transformers' multi-process pool on ``devices`` (none for fewer than two devices), as a context
+    manager that stops it.
+
+    A worker takes seconds to start (it imports torch and unpickles the model) and starts in the background, so a
+    job starts its pool as soon as it knows it will embed: the workers load while the main process scans the corpus
+    and embeds the context, instead of after. The model stays on the device it was on (sentence-transformers moves
+    it to the CPU to share its weights with the workers; they have their copy once the pool has started).
+    """
+
+    def __init__(self, model: Any, devices: list[str] | None) -> None:
+        self.model, self.pool = model, None
+        if devices is not None and len(devices) > 1:
+            device = model.device
+            self.pool = model.start_multi_process_pool(list(devices))
+            model.to(device)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.model.stop_multi_process_pool(self.pool)
+            self.pool = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class DocumentEncoder:
     """Embeds documents as ``model.encode_document`` does, with ``context`` (J, d) vectors (None for a plain
-    model), in this process (``devices`` None or one device) or in a multi-process pool (several devices).
+    model), in this process (``devices`` None or one device) or in a multi-process pool (several devices; or
+    ``pool``, a started :class:`WorkerPool` the caller stops).
 
     Use as a context manager (the pool is stopped on exit)::
 
@@ -50,6 +80,7 @@ class DocumentEncoder:
         devices: list[str] | None = None,
         batch_size: int = 32,
         normalize: bool = False,
+        pool: WorkerPool | None = None,
     ) -> None:
         self.model, self.batch_size, self.normalize = model, batch_size, normalize
         self.prompt = document_prompt(model)
@@ -61,12 +92,12 @@ class DocumentEncoder:
             model.set_context(torch.as_tensor(context, dtype=torch.float32))
         elif context is not None:
             raise ValueError(f"{type(model).__name__} is not a contextual model; it takes no context.")
-        self.pool = None
-        devices = list(devices or [])
-        if len(devices) > 1:
-            self.pool = model.start_multi_process_pool(devices)
-        elif devices:
-            model.to(devices[0])
+        self._own_pool = None
+        if pool is None or pool.pool is None:
+            pool = self._own_pool = WorkerPool(model, devices)
+            if pool.pool is None and devices:
+                model.to(devices[0])
+        self.pool = pool.pool
 
     #: Shards embedded per :meth:`encode_shards` call: one (each shard is one ``encode_document`` call, so which
     #: texts share a padded batch depends on that shard only, and a resumed job embeds exactly as a whole one).
@@ -88,10 +119,11 @@ class DocumentEncoder:
         return np.asarray(embeddings, dtype=np.float32)
 
     def close(self) -> None:
-        """Stop the pool (if any) and make the model's own context active again."""
-        if self.pool is not None:
-            self.model.stop_multi_process_pool(self.pool)
-            self.pool = None
+        """Stop the pool this encoder started (if any) and make the model's own context active again."""
+        if self._own_pool is not None:
+            self._own_pool.close()
+            self._own_pool = None
+        self.pool = None
         if self._snapshot is not None:
             self.model.contextual_module.restore_context(self._snapshot)
             self._snapshot = None

@@ -6,7 +6,8 @@ The job, in order:
    SHA-256 and the reader's fields; a folder written by another job, or holding files no job wrote, is refused
    (:mod:`cde_st.corpus.manifest`, :mod:`cde_st.corpus.output_folder`).
 2. One streaming pass over the corpus (:func:`~cde_st.corpus.scan.scan_corpus`): every record checked, repeated
-   ids found, records counted and, for a contextual model, the context sampled (:mod:`~cde_st.corpus.context_sample`).
+   ids found, records counted and, for a contextual model, the context sampled (:class:`~cde_st.context.BottomKSample`:
+   the rows :func:`cde_st.context.sample_context` gives in process).
 3. The context, computed once as vectors (or given: the model's, a file), kept in ``DIR/context.safetensors``.
 4. A second pass: shard ``k`` holds the valid records of positions ``[k * shard_size, (k + 1) * shard_size)``;
    each shard not yet finished is embedded (in process or on a pool of devices), written atomically, checksummed
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from cde_st.corpus.context_sample import BottomKSample
+from cde_st.context import BottomKSample, tile_sample
 from cde_st.corpus.corpus_context import (
     CONTEXT_FILE,
     CorpusContext,
@@ -41,7 +42,7 @@ from cde_st.corpus.corpus_context import (
     read_context_file,
 )
 from cde_st.corpus.drift import DriftReference, attach_reference
-from cde_st.corpus.encoders import DocumentEncoder, document_prompt
+from cde_st.corpus.encoders import DocumentEncoder, WorkerPool, document_prompt
 from cde_st.corpus.manifest import FORMAT, add_history, check_same_job, read_manifest, write_manifest
 from cde_st.corpus.output_folder import OutputFolder
 from cde_st.corpus.readers import CorpusReader
@@ -49,9 +50,9 @@ from cde_st.corpus.scan import ScanResult, scan_corpus
 from cde_st.corpus.shards import DTYPES, content_hash, read_shard, shard_name, write_shard
 from cde_st.corpus.versions import versioned_name
 from cde_st.data import DataError
-from cde_st.evaluation.models import load_options
 from cde_st.fingerprints import model_fingerprint
 from cde_st.model import context_prompt, is_contextual
+from cde_st.model_loading import load_options
 
 __all__ = [
     "READ_BATCH",
@@ -60,6 +61,7 @@ __all__ = [
     "finished_shards",
     "job_header",
     "make_encoder",
+    "sampled_rows",
     "record_shard",
     "sample_for",
     "shard_records",
@@ -133,9 +135,8 @@ def _resolve_context(model, request, out_dir: Path, old: dict | None, scan: Scan
     if request["source"] == "sample":
         if not scan.sample:
             raise ValueError("the corpus has no non-blank text to sample a context from.")
-        prompt = context_prompt(model)
-        texts = scan.sample[: request["size"]]  # the scan's sample is the bottom-k of a larger k: the same texts
-        return embed_sampled_context(model, texts, prompt, request["size"], request["seed"], batch_size)
+        texts = sampled_rows(scan, request)
+        return embed_sampled_context(model, texts, context_prompt(model), request["size"], request["seed"], batch_size)
     # A cde-st-serve context records the fingerprint of the model as the server loaded it (its saved context
     # included): accept that one, or the context-free fingerprint.
     identities = {model_fingerprint(model), model_fingerprint(model, with_context=False)}
@@ -217,9 +218,11 @@ def embed_corpus(
         if old is not None:
             check_same_job(out_dir, old, {**header, "context": old.get("context")})
         folder.remove_leftovers()
-        manifest = _prepare(model, reader, out_dir, header, request, old, batch_size, show_progress_bar)
-        workers = {"ray_workers": ray_workers} if ray_workers is not None else {"devices": devices}
-        _write_shards(model, reader, out_dir, manifest, workers, batch_size, show_progress_bar)
+        # The pool's workers load while this process scans and embeds the context (a finished job needs none).
+        with WorkerPool(model, None if (old or {}).get("complete") else devices) as pool:
+            manifest = _prepare(model, reader, out_dir, header, request, old, batch_size, show_progress_bar)
+            workers = {"ray_workers": ray_workers} if ray_workers is not None else {"devices": devices, "pool": pool}
+            _write_shards(model, reader, out_dir, manifest, workers, batch_size, show_progress_bar)
         return manifest
 
 
@@ -232,6 +235,12 @@ def sample_for(request: dict | None) -> BottomKSample | None:
     if request is None or request["source"] != "sample":
         return None
     return BottomKSample(request["size"], request["seed"])
+
+
+def sampled_rows(scan: ScanResult, request: dict) -> list[str]:
+    """The context rows of a sampled ``request``: the scan's bottom-k sample, tiled evenly to the size asked for when
+    the corpus has fewer distinct documents (:func:`cde_st.context.tile_sample`), as ``sample_context`` does."""
+    return tile_sample(scan.sample, request["size"], request["seed"])
 
 
 def _prepare(model, reader, out_dir, header, request, old, batch_size, show_progress_bar) -> dict:
@@ -274,13 +283,13 @@ def check_not_empty(reader: CorpusReader, scan: ScanResult) -> None:
 
 
 def make_encoder(model: Any, context, workers: dict, batch_size: int, normalize: bool):
-    """The encoder of the shards: in process or on a pool of devices (``workers["devices"]``), or on Ray actors
-    (``workers["ray_workers"]``); a context manager."""
+    """The encoder of the shards: in process or on a pool of devices (``workers["devices"]``, or a started
+    :class:`WorkerPool` as ``workers["pool"]``), or on Ray actors (``workers["ray_workers"]``); a context manager."""
     if workers.get("ray_workers") is not None:
         from cde_st.corpus.ray_encoder import RayEncoder
 
         return RayEncoder(model, context, workers["ray_workers"], batch_size, normalize)
-    return DocumentEncoder(model, context, workers.get("devices"), batch_size, normalize)
+    return DocumentEncoder(model, context, workers.get("devices"), batch_size, normalize, workers.get("pool"))
 
 
 def _write_shards(model, reader, out_dir: Path, manifest: dict, workers, batch_size: int, show_progress_bar) -> None:

@@ -191,3 +191,36 @@ def test_resume_after_kill_9_at_mid_run_gives_the_uninterrupted_output(tiny_bert
     whole_ids, whole = all_rows(tmp_path / "whole")
     assert ids == whole_ids == [d["_id"] for d in docs]
     assert np.array_equal(embeddings, whole)
+
+
+def test_the_pool_starts_before_the_context_is_embedded_and_not_for_a_finished_job(
+    tiny_cde, corpus_file, tmp_path, monkeypatch
+):
+    # The workers take seconds to load; started first, they load while this process scans and embeds the context.
+    import cde_st.corpus.job as job
+
+    events = []
+
+    class Stop(Exception):
+        pass
+
+    def start(devices):
+        events.append(("pool", list(devices)))
+        return {"input": None, "output": None, "processes": []}
+
+    def embed_context(*args, **kwargs):
+        events.append(("context",))
+        raise Stop
+
+    monkeypatch.setattr(tiny_cde, "start_multi_process_pool", start)
+    monkeypatch.setattr(tiny_cde, "stop_multi_process_pool", lambda pool: events.append(("stopped",)))
+    monkeypatch.setattr(job, "embed_sampled_context", embed_context)
+    with pytest.raises(Stop):
+        embed_corpus(tiny_cde, corpus_file, tmp_path / "out", devices=["cpu", "cpu"], show_progress_bar=False)
+    assert events == [("pool", ["cpu", "cpu"]), ("context",), ("stopped",)]
+    monkeypatch.undo()
+    embed_corpus(tiny_cde, corpus_file, tmp_path / "done", show_progress_bar=False)
+    events.clear()
+    monkeypatch.setattr(tiny_cde, "start_multi_process_pool", start)
+    embed_corpus(tiny_cde, corpus_file, tmp_path / "done", devices=["cpu", "cpu"], show_progress_bar=False)
+    assert events == []  # a finished job embeds nothing: no worker is started
