@@ -1,5 +1,5 @@
-"""A damaged or missing file of an embedding folder (shard, index, ids, manifest) is named, with how to write it
-again, instead of a raw parquet / faiss / JSON error or a silently wrong index."""
+"""A damaged or missing file of an embedding folder (shard, index, ids) is named, with how to write it again,
+instead of a raw parquet / faiss / JSON error or a silently wrong index."""
 
 from __future__ import annotations
 
@@ -62,13 +62,3 @@ def test_a_truncated_index_or_junk_ids_are_named_with_how_to_rebuild(tiny_plain,
         search_index(embedded, tiny_plain, ["rain"])
     ids.write_bytes(whole_ids)
     assert len(search_index(embedded, tiny_plain, ["rain"], k=3)[0]) == 3
-
-
-def test_an_unreadable_manifest_is_named(embedded):
-    path = embedded / "manifest.json"
-    path.write_bytes(b'{"format": "cde_st.embedded_corpus", "sha')
-    with pytest.raises(DamagedFileError, match=rf"{path} is not readable JSON .*manifest is damaged"):
-        read_manifest(embedded)
-    path.write_bytes(b"\xff\xfe not text")
-    with pytest.raises(DamagedFileError, match=rf"{path} is not readable JSON"):
-        read_manifest(embedded)

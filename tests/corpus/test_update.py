@@ -12,7 +12,6 @@ from corpus_helpers import DOCS, all_rows, write_jsonl
 
 from cde_st.corpus import ForeignOutputError, embed_corpus, read_manifest
 from cde_st.corpus.index import build_index, search_index
-from cde_st.corpus.manifest import add_history
 from cde_st.corpus.update import update_corpus
 from cde_st.data import DataError
 from cde_st.fingerprints import model_fingerprint
@@ -158,11 +157,3 @@ def test_a_folder_written_before_content_hashes_is_updated_by_embedding_every_ro
                  show_progress_bar=False)  # fmt: skip
     np.testing.assert_allclose(all_rows(embedded)[1], all_rows(full)[1], rtol=0, atol=1e-6)
     assert manifest["drift"] is None and (embedded / "context.safetensors").is_file()
-
-
-def test_the_history_keeps_the_last_20_runs():
-    manifest = {"shards": [{"rows": 3}], "corpus": {"sha256": "ab"}}
-    for i in range(25):
-        add_history(manifest, "update", {"added": i}, 1.5)
-    assert len(manifest["history"]) == 20 and [e["added"] for e in manifest["history"]][:2] == [5, 6]
-    assert manifest["history"][-1]["documents"] == 3 and manifest["history"][-1]["corpus_sha256"] == "ab"
