@@ -11,7 +11,9 @@ This file is the module itself, top to bottom: construction, prompts, tokenisati
 lifecycle (and keeping it current), the second stage's forward, and the save/load hooks. It owns four objects and
 calls each with what it needs; none calls back: :class:`ActiveContext` (the active context, ``context_state.py``),
 :class:`ContextKVCache` (its cached keys/values, ``context_attention.py``), :class:`WeightsCheck` (when to compare
-the weights, ``freshness.py``) and :class:`ModelPrompts` (``model_prompts.py``). Saving and loading its folder:
+the weights, ``freshness.py``) and :class:`ModelPrompts` (``model_prompts.py``). The steps of the context lifecycle
+(activating a context, setting it, re-embedding it, the context one forward reads) are functions of
+``context_lifecycle.py`` that take the module, as saving and loading its folder are those of
 ``persistence.py`` (with the checks of ``integrity.py``); the source encoder and the recipe a new model starts
 with: ``source_pipeline.py``; the added parts and pooling: ``heads.py`` (docs/architecture.md has the whole map).
 """
@@ -19,10 +21,8 @@ with: ``source_pipeline.py``; the added parts and pooling: ``heads.py`` (docs/ar
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -32,21 +32,20 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from cde_st.context import (
-    ContextInfo,
-    check_seed,
-    context_input,
-    sample_prompted_context,
-    validate_texts,
-    vectors_context_info,
-)
+from cde_st.context import ContextInfo, check_seed, sample_prompted_context, validate_texts
 from cde_st.modules.backbone import get_adapter
 from cde_st.modules.context_attention import ContextKVCache, encode_with_context
+from cde_st.modules.context_lifecycle import (
+    activate_context,
+    context_of_call,
+    refresh_module_context,
+    set_module_context,
+)
 from cde_st.modules.context_state import ActiveContext, context_arguments, validate_context_vectors
 from cde_st.modules.contextual_config import CONFIG_FILE, ContextualConfig, config_field, field_names
 from cde_st.modules.encoders import build_encoder
 from cde_st.modules.first_stage_batches import in_input_order, longest_first
-from cde_st.modules.freshness import WeightsCheck, embedding_fingerprint, first_stage_fingerprint
+from cde_st.modules.freshness import WeightsCheck, embedding_fingerprint
 from cde_st.modules.heads import build_added_parameters, instruction_token_id, mean_pool, pool_mask
 from cde_st.modules.model_prompts import ModelPrompts, prompt_property
 from cde_st.modules.persistence import config_dict, load_module, save_module, warn_if_plain_model
@@ -54,8 +53,6 @@ from cde_st.modules.source_pipeline import SourcePipeline, load_source_encoders
 from cde_st.text_bounds import bound_texts
 
 __all__ = ["ContextualTransformer"]
-
-logger = logging.getLogger(__name__)
 
 
 class ContextualTransformer(InputModule):
@@ -290,31 +287,7 @@ class ContextualTransformer(InputModule):
         of strings counts as texts; vectors that require grad are used detached. The context stays current: if the
         weights it was embedded with change (training, an optimizer step, ``load_state_dict``, ``param.data = ...``),
         the next encode or :meth:`save` re-embeds the same documents."""
-        context = context_input(context, self.hidden_size)
-        if isinstance(context, (torch.Tensor, np.ndarray)):
-            vectors, texts = self.validate_context_vectors(context).detach(), None
-            info = vectors_context_info(vectors.cpu().numpy())
-        else:
-            texts, info = self.sample_corpus(context, check_seed(seed), prompt)
-            vectors = self.embed_context_texts(texts, batch_size=batch_size, show_progress_bar=show_progress_bar)
-        self._activate_context(vectors, info, texts)
-        return info
-
-    def _activate_context(
-        self,
-        vectors: torch.Tensor | None,
-        info: ContextInfo | None,
-        texts: list[str] | None,
-        weights: torch.Tensor | None = None,
-    ) -> None:
-        """The one place the active context changes (None: no context). ``texts``: the prompted documents the
-        vectors were embedded from, kept to re-embed them if the first stage changes. ``weights``: the first-stage
-        fingerprint the vectors belong to (None: the current weights, i.e. the vectors were just computed)."""
-        token_ids = torch.unique(self.preprocess_context(texts)["input_ids"]).to(self.device) if texts else None
-        if vectors is not None and weights is None:
-            weights = first_stage_fingerprint(self.first_stage, self.context_head, token_ids)
-        self.active_context.replace(vectors, info, texts, token_ids, weights, self.device)
-        self.context_cache.drop()  # the keys/values of the previous context
+        return set_module_context(self, context, seed, prompt, batch_size, show_progress_bar)
 
     def context_snapshot(self) -> tuple:
         """The active context as an opaque value for :meth:`restore_context` (to set a context temporarily), with the
@@ -324,11 +297,11 @@ class ContextualTransformer(InputModule):
     def restore_context(self, snapshot: tuple) -> None:
         """Make a :meth:`context_snapshot` the active context again."""
         vectors, info, texts, weights = snapshot
-        self._activate_context(vectors, info, texts, weights=weights)
+        activate_context(self, vectors, info, texts, weights=weights)
 
     def clear_context(self) -> None:
         """Forget the active context: encoding falls back to the null context (with a warning)."""
-        self._activate_context(None, None, None)
+        activate_context(self, None, None, None)
         self.active_context.warned_null = False
 
     def validate_context_vectors(self, vectors: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -354,17 +327,7 @@ class ContextualTransformer(InputModule):
         directly cannot be, and a warning says so once. Called before encoding with the active context (see
         :meth:`one_weights_check`) and by :meth:`save`, so a stale context is never used or written. Returns
         whether the context was recomputed."""
-        context = self.active_context
-        if not context.is_stale(partial(first_stage_fingerprint, self.first_stage, self.context_head)):
-            return False
-        if context.texts is None:
-            context.warn_stale_once()
-            return False
-        logger.info(
-            "The first stage changed since set_context: re-embedding the %d context documents.", len(context.texts)
-        )
-        self._activate_context(self.embed_context_texts(context.texts), context.info, context.texts)
-        return True
+        return refresh_module_context(self)
 
     @contextmanager
     def one_weights_check(self) -> Iterator[None]:
@@ -405,7 +368,7 @@ class ContextualTransformer(InputModule):
         context_vectors, context_mask = context_arguments(
             features, context_vectors, context_mask, dataset_embeddings, kwargs
         )
-        vectors, weights_checked = self._context_of_call(context_vectors)  # (J', d2)
+        vectors, weights_checked = context_of_call(self, context_vectors)  # (J', d2)
         out = encode_with_context(
             features,
             vectors,
@@ -426,30 +389,6 @@ class ContextualTransformer(InputModule):
         mask = pool_mask(features, self.include_prompt, self._instruction_token_id)
         features["sentence_embedding"] = self.head(self.pool(out, mask, vectors, context_mask))
         return features
-
-    def _context_of_call(self, given: torch.Tensor | np.ndarray | None) -> tuple[torch.Tensor, bool]:
-        """The (J', d2) context vectors one forward reads: ``given`` (checked), else the active context (made
-        current first at inference, where :attr:`weights_check` says it is due), else none (J' = 0; at inference
-        with a warning); and whether the weights were compared just now."""
-        if given is not None:
-            # Checked whether or not they require grad: NaN or too many rows must fail in training as well.
-            return self.validate_context_vectors(given).to(device=self.device), False
-        self.active_context.check_pool_copy()
-        # Where due, compare the weights with the context's (the forward then checks the cached keys/values too).
-        checked = not self.training and self.weights_check.is_due()
-        if checked:
-            if self.runtime is not None:
-                self.runtime.check_weights(self)
-            self.refresh_context()
-            self.weights_check.done(list(self.parameters()))
-        vectors = self.context_vectors
-        if vectors is not None:
-            if vectors.is_inference() and not torch.is_inference_mode_enabled():
-                vectors = vectors.clone()  # embedded under inference mode; autograd may need to save them
-            return vectors, checked
-        if not self.training:
-            self.warn_null_context()
-        return self.null_vector.new_zeros(0, self.hidden_size), checked
 
     def train(self, mode: bool = True):
         if mode:

@@ -8,7 +8,8 @@ that is incomplete or mixed from two saves is an error that names the file, neve
 
 The module's ``save`` and ``load`` (sentence-transformers' hooks) call :func:`save_module` and :func:`load_module`;
 both work through the module's public methods (the constructor, ``save_config``, ``save_context``,
-``restore_context``), so the module's own file keeps the encoder and its context lifecycle.
+``restore_context``), so the module's own file keeps the encoder and its context lifecycle (whose steps are
+functions of ``context_lifecycle.py``, which work the same way).
 """
 
 from __future__ import annotations

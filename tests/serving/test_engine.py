@@ -17,7 +17,7 @@ from sample_texts import SHORT_DOCS, TOPIC_DOCS
 from serving_helpers import MAX_SEQ_LENGTH
 
 from cde_st import ContextualSentenceTransformer
-from cde_st.modules import context_attention, contextual_transformer
+from cde_st.modules import context_attention, context_lifecycle
 from cde_st.serving.context_errors import ContextTooLarge, NonFiniteEmbedding
 from cde_st.serving.engine import Engine, load_model
 
@@ -53,8 +53,8 @@ def test_switching_contexts_reads_no_weight_and_keeps_their_keys_values(cde_dir,
     contexts = [engine.make_context(f"c{i}", TOPIC_DOCS, None, seed=i) for i in range(3)]
     engine.embed(["warm"], "query", contexts[0])  # the engine's one weights check
     reads, computed = [], []
-    original = contextual_transformer.first_stage_fingerprint
-    monkeypatch.setattr(contextual_transformer, "first_stage_fingerprint", lambda *a: reads.append(1) or original(*a))
+    original = context_lifecycle.first_stage_fingerprint
+    monkeypatch.setattr(context_lifecycle, "first_stage_fingerprint", lambda *a: reads.append(1) or original(*a))
     adapter = engine.model.contextual_module.second_adapter
     states = adapter.context_states
     monkeypatch.setattr(adapter, "context_states", lambda *a: computed.append(1) or states(*a))
