@@ -37,6 +37,9 @@ from harness import Stopwatch, command_line, load_averages, timed_call, write_js
 
 ROOT = Path(__file__).resolve().parents[2]
 SCIFACT = ROOT.parent / "shared" / "data" / "retrieval" / "scifact"
+WIKI = ROOT.parent / "shared" / "data" / "pairs_wiki" / "wiki_pairs.jsonl.gz"
+#: The throughput section's rows, in the order they run.
+THROUGHPUT_ROWS = ("embed_1_process", "encode_document", "embed_1_process_again", "embed_2_pool_workers", "ray")
 MAX_LENGTH = 64  # documents truncated to 64 tokens: keeps a CPU run short, the comparisons are like for like
 
 
@@ -71,23 +74,37 @@ def scifact_texts() -> tuple[list[str], list[str]]:
     return ids, texts
 
 
+def wiki_texts(n: int) -> list[str]:
+    """The first ``n`` distinct documents of the shared Wikipedia pairs: a corpus longer than SciFact's."""
+    texts: dict[str, None] = {}
+    with gzip.open(WIKI, "rt", encoding="utf-8") as f:
+        for line in f:
+            texts[json.loads(line)["document"]] = None
+            if len(texts) == n:
+                break
+    if len(texts) < n:
+        raise SystemExit(f"{WIKI} holds only {len(texts)} distinct documents, fewer than {n}.")
+    return list(texts)
+
+
 def rate(n: int, seconds: float) -> dict:
     return {"seconds": round(seconds, 2), "docs_per_s": round(n / seconds, 1), "load": load_averages()}
 
 
-def throughput(work: Path, smoke: bool, documents: int | None = None) -> dict:
-    import ray
+def throughput(
+    work: Path, smoke: bool, documents: int | None = None, wiki: int | None = None, only: tuple = THROUGHPUT_ROWS
+) -> dict:
     import torch
 
     from cde_st import ContextualSentenceTransformer
     from cde_st.corpus import embed_corpus, read_context_file
-    from cde_st.evaluation.models import load_model
+    from cde_st.model_loading import load_model
 
     corpus = SCIFACT / "corpus.jsonl.gz"
-    _, texts = scifact_texts()
-    if smoke or documents:
-        texts = texts[: 200 if smoke else documents]
-        corpus = work / f"scifact_first_{len(texts)}.jsonl"
+    texts = wiki_texts(wiki) if wiki else scifact_texts()[1]
+    if smoke or documents or wiki:
+        texts = texts[: 200 if smoke else documents or wiki]
+        corpus = work / f"{'wiki' if wiki else 'scifact'}_first_{len(texts)}.jsonl"
         corpus.write_text("".join(json.dumps({"_id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)))
     model = ContextualSentenceTransformer(contextual_minilm(work, 512))
     plain = load_model(minilm())
@@ -101,21 +118,30 @@ def throughput(work: Path, smoke: bool, documents: int | None = None) -> dict:
         rows[name] = rate(n, timed_call(lambda: embed_corpus(model, corpus, out, **options, **extra))[0])
         print(name, rows[name], flush=True)
 
-    job("embed_1_process")
-    vectors = torch.as_tensor(read_context_file(work / "throughput_embed_1_process" / "context.safetensors").vectors)
-    # One torch thread everywhere (OMP_NUM_THREADS=1): one process uses one core, the two workers two.
-    model.set_context(vectors)
-    rows["encode_document"] = rate(n, timed_call(lambda: model.encode_document(texts, batch_size=32))[0])
-    rows["bi_encoder_encode_document"] = rate(n, timed_call(lambda: plain.encode_document(texts, batch_size=32))[0])
-    print(rows, flush=True)
-    job("embed_1_process_again")  # the first job's rate again, after the others: how much the machine drifted
-    job("embed_2_pool_workers", devices=["cpu", "cpu"])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        job("embed_2_ray_actors", ray_workers=2)
-    finally:
-        ray.shutdown()
-    return {"documents": n, "max_seq_length": MAX_LENGTH, "context_size": 512, "rows": rows}
+    if "embed_1_process" in only:
+        job("embed_1_process")
+    if "encode_document" in only:
+        out = work / "throughput_embed_1_process" / "context.safetensors"
+        # One torch thread everywhere (OMP_NUM_THREADS=1): one process uses one core, the two workers two.
+        model.set_context(torch.as_tensor(read_context_file(out).vectors))
+        rows["encode_document"] = rate(n, timed_call(lambda: model.encode_document(texts, batch_size=32))[0])
+        plain_rate = timed_call(lambda: plain.encode_document(texts, batch_size=32))[0]
+        rows["bi_encoder_encode_document"] = rate(n, plain_rate)
+        print(rows, flush=True)
+    if "embed_1_process_again" in only:
+        job("embed_1_process_again")  # the first job's rate again, after the others: how much the machine drifted
+    if "embed_2_pool_workers" in only:
+        job("embed_2_pool_workers", devices=["cpu", "cpu"])
+    if "ray" in only:
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            job("embed_2_ray_actors", ray_workers=2)
+        finally:
+            ray.shutdown()
+    corpus_name = f"wiki_pairs first {n} distinct documents" if wiki else f"SciFact, {n} documents"
+    return {"corpus": corpus_name, "documents": n, "max_seq_length": MAX_LENGTH, "context_size": 512, "rows": rows}
 
 
 def synthetic_corpus(path: Path, n: int, seed: int = 0) -> None:
@@ -236,7 +262,7 @@ def resume(work: Path, smoke: bool) -> dict:
 
 def recall(work: Path, smoke: bool) -> dict:
     from cde_st.corpus.index import build_index, search_index
-    from cde_st.evaluation.models import load_model
+    from cde_st.model_loading import load_model
 
     folder = work / "throughput_embed_1_process"
     model = load_model(contextual_minilm(work, 512))
@@ -262,6 +288,10 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000", help="memory: corpus sizes, comma-separated")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--documents", type=int, default=None, help="throughput: SciFact's first N documents")
+    parser.add_argument("--wiki", type=int, default=None, help="throughput: the first N Wikipedia documents instead")
+    parser.add_argument(
+        "--rows", default=",".join(THROUGHPUT_ROWS), help=f"throughput: which rows, of {','.join(THROUGHPUT_ROWS)}"
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     work = Path(args.work_dir)
@@ -269,7 +299,11 @@ def main() -> None:
     if args.section == "memory":
         result = memory(work, args.smoke, [int(s) for s in args.sizes.split(",")])
     elif args.section == "throughput":
-        result = throughput(work, args.smoke, args.documents)
+        only = tuple(args.rows.split(","))
+        unknown = set(only) - set(THROUGHPUT_ROWS)
+        if unknown:
+            parser.error(f"--rows: unknown rows {sorted(unknown)}; choose from {','.join(THROUGHPUT_ROWS)}")
+        result = throughput(work, args.smoke, args.documents, args.wiki, only)
     else:
         result = {"resume": resume, "recall": recall}[args.section](work, args.smoke)
     result = {
