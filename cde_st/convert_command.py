@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from cde_st.command_line import DEBUG_HELP, EXPECTED_ERRORS, CommandParser, debug_wanted, report_error
-from cde_st.evaluation.models import load_model
 from cde_st.export import QUANTIZATIONS, export_onnx
 from cde_st.model import ContextualSentenceTransformer, is_contextual
+from cde_st.model_loading import load_model
 from cde_st.released import ReleasedCheckpointError, is_released_checkpoint, offline_hub_problem
 
 __all__ = ["convert_main", "convert_run"]

@@ -40,6 +40,26 @@ def _embed_parser() -> argparse.ArgumentParser:
         "corpus", help="a .jsonl[.gz] or .parquet file, a BEIR folder or a datasets save_to_disk folder"
     )
     parser.add_argument("--out", required=True, help="the output folder (shards, manifest.json, index)")
+    _add_context_options(parser)
+    _add_job_options(parser)
+    _add_reader_options(parser)
+    parser.add_argument(
+        "--index",
+        choices=("auto", "flat", "ivf", "ivfpq", "none"),
+        default=None,
+        help="the faiss index to build (default: auto; an update keeps the folder's kind)",
+    )
+    _add_version_options(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_backend_options(
+        parser, default=None, when_unset="torch; with --update / --recontextualize, as the folder records"
+    )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    return parser
+
+
+def _add_context_options(parser: argparse.ArgumentParser) -> None:
+    """The one context the corpus is embedded with: sampled (its size and seed) or given."""
     parser.add_argument(
         "--context",
         default=None,
@@ -52,6 +72,10 @@ def _embed_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seed", type=Number(int, at_least=0), default=None, help="the context sample's seed (default: 0)"
     )
+
+
+def _add_job_options(parser: argparse.ArgumentParser) -> None:
+    """Where the job embeds (processes, Ray actors), in what units, and how it stores the embeddings."""
     parser.add_argument(
         "--devices", default=None, help="one process per device, comma-separated: cpu,cpu or cuda:0,cuda:1"
     )
@@ -71,6 +95,10 @@ def _embed_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--dtype", choices=DTYPES, default=None, help="the stored embedding type (float32)")
     parser.add_argument("--normalize", action="store_true", help="L2-normalise the stored embeddings")
+
+
+def _add_reader_options(parser: argparse.ArgumentParser) -> None:
+    """How the corpus is read: which fields, which split, and what happens to a bad record."""
     parser.add_argument(
         "--skip-invalid", action="store_true", help="leave bad records out (counted) instead of failing"
     )
@@ -78,12 +106,11 @@ def _embed_parser() -> argparse.ArgumentParser:
     parser.add_argument("--text-field", default=None, help="the text column (default: text)")
     parser.add_argument("--title-field", default=None, help="a title put before the text (default: title; '' for none)")
     parser.add_argument("--split", default=None, help="the split of a DatasetDict folder")
-    parser.add_argument(
-        "--index",
-        choices=("auto", "flat", "ivf", "ivfpq", "none"),
-        default=None,
-        help="the faiss index to build (default: auto; an update keeps the folder's kind)",
-    )
+
+
+def _add_version_options(parser: argparse.ArgumentParser) -> None:
+    """What to do with a folder already embedded: update it, embed it again with a new context, or measure how far
+    its corpus drifted (at most one of them)."""
     version = parser.add_mutually_exclusive_group()
     version.add_argument(
         "--update",
@@ -102,16 +129,10 @@ def _embed_parser() -> argparse.ArgumentParser:
         help="print how far the corpus in --out has moved from the documents its context was made from",
     )
     parser.add_argument("--json", action="store_true", help="with --drift: print one JSON object")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_backend_options(
-        parser, default=None, when_unset="torch; with --update / --recontextualize, as the folder records"
-    )
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    return parser
 
 
 def _load(model_name: str, max_seq_length: int | None, backend: str = "torch", onnx_file: str | None = None):
-    from cde_st.evaluation.models import load_model
+    from cde_st.model_loading import load_model
 
     model = load_model(model_name, backend=backend, onnx_file=onnx_file)
     if max_seq_length is not None:

@@ -7,7 +7,7 @@ job's manifest records and every later search checks.
 
 Context files: a ``.npy`` array (J, d), or a ``.safetensors`` file with a ``vectors`` tensor. A named context of
 ``cde-st-serve`` is such a file (``STATE_DIR/contexts/NAME.safetensors``); it is read by the server's own reader
-(:func:`cde_st.serving.context_files.read`: checksum, shape, finite values), and its metadata says which model made
+(:func:`cde_st.context_files.read`: checksum, shape, finite values), and its metadata says which model made
 it: a damaged context, or one made by another model, is refused, a damaged one with the server's message.
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from cde_st import context_files
 from cde_st.context import fingerprint_array, fingerprint_texts
+from cde_st.context_errors import ContextDamaged
 from cde_st.corpus.shards import write_atomically
 from cde_st.model import contextual_module, is_contextual
-from cde_st.serving import context_files
-from cde_st.serving.context_errors import ContextDamaged
 
 __all__ = [
     "CORPUS_METADATA_KEY",

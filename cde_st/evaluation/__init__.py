@@ -3,7 +3,7 @@
 The public entry point is :func:`evaluate_model` (``eval/run_mteb.py`` is a command line over it). Submodules:
 
 - ``runner``: the run (:func:`evaluate_model`); ``tasks``: task names and folders -> mteb tasks with loaded data;
-  ``models``: loading the model and naming it in results; ``provenance``: when a cached result may be reused;
+  ``models``: naming the model in results; ``provenance``: when a cached result may be reused;
   ``report``: summary tables and plots.
 - ``local_folders``: the five local formats and what a folder holds; ``local_tasks``: local folders -> mteb tasks;
   ``task_registry``: the published mteb task a local folder copies; ``identical_ids``: the rule for query ids that
@@ -29,7 +29,7 @@ _EXPORTS = {
     "UnknownTaskError": "tasks",
     "TaskDataError": "tasks",
     "resolve_task": "tasks",
-    "load_model": "models",
+    "load_model": "runner",
     "mteb_model_meta": "models",
     "load_local_task": "local_tasks",
     "LocalDataError": "local_tasks",

@@ -1,5 +1,5 @@
-"""The evaluated model: loading it (:func:`load_model`) and naming it in results (model name, revision, and the
-``mteb.models.ModelMeta`` that keys mteb's result cache).
+"""The evaluated model named in results: model name, revision, and the ``mteb.models.ModelMeta`` that keys mteb's
+result cache (loading it is :func:`cde_st.model_loading.load_model`, shared with the other commands).
 
 A contextual model's scores depend on its context, so a result's revision must say which context it was computed
 with: :func:`evaluate_model` puts the run settings in ``experiment_kwargs``; :func:`mteb_model_meta` does it for
@@ -15,56 +15,9 @@ from typing import Any
 
 from sentence_transformers import SentenceTransformer
 
-from cde_st.backend_options import loading_kwargs
 from cde_st.evaluation.model_context import is_contextual_model, model_context_info
-from cde_st.model import ContextualSentenceTransformer
-from cde_st.released import is_released_checkpoint
 
-
-def load_model(
-    name_or_path: str | Path, device: str | None = None, backend: str = "torch", onnx_file: str | None = None
-):
-    """Load a sentence-transformers model from a folder or a hub id; CDE folders and the released CDE models
-    (``jxm/cde-small-v2``, ``cde-small``, ...) load as ``ContextualSentenceTransformer`` (no ``trust_remote_code``).
-    ``backend``: sentence-transformers' argument ("onnx": a folder written by ``cde-st-convert --to onnx``);
-    ``onnx_file``: which graph (``model_kwargs`` ``file_name``, e.g. ``second_stage_qint8.onnx``; default fp32).
-
-    Raises:
-        FileNotFoundError: a path-like name whose folder does not exist, or a folder that is not a model.
-    """
-    spec = str(name_or_path)
-    path = Path(spec).expanduser()
-    options = {"device": device, **loading_kwargs(backend, onnx_file)}
-    if is_released_checkpoint(spec):
-        # cde-small-v1/v2 (hub id, short name or a local copy of the released files): native, no remote code
-        return ContextualSentenceTransformer(spec, **options)
-    if path.exists():
-        if not path.is_dir() or not ((path / "modules.json").is_file() or (path / "config.json").is_file()):
-            raise FileNotFoundError(
-                f"{path} is not a model folder (no modules.json or config.json): give a saved sentence-transformers "
-                "model folder or a hub id."
-            )
-        modules = path / "modules.json"
-        if modules.is_file() and "cde_st" in modules.read_text(encoding="utf-8"):
-            return ContextualSentenceTransformer(str(path), **options)
-        return SentenceTransformer(str(path), **options)
-    looks_like_path = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
-    if looks_like_path:
-        raise FileNotFoundError(f"Model folder {path} does not exist.")
-    try:
-        return SentenceTransformer(spec, **options)
-    except Exception as err:  # hub errors come in many types; say what was tried
-        raise FileNotFoundError(
-            f"{spec!r} is not a local model folder and could not be loaded from the Hugging Face hub ({err})."
-        ) from err
-
-
-def load_options(model: Any) -> dict[str, Any]:
-    """How :func:`load_model` loads ``model`` again as it runs now: ``backend`` and ``onnx_file`` (the graph a
-    contextual model loaded with backend="onnx" runs; None otherwise)."""
-    backend = model.get_backend() if hasattr(model, "get_backend") else "torch"
-    runtime = getattr(model[0], "runtime", None) if len(model) else None
-    return {"backend": backend, "onnx_file": None if runtime is None else runtime.file_name}
+__all__ = ["build_model_meta", "default_model_name", "embedding_dimension", "mteb_model_meta", "weights_revision"]
 
 
 def default_model_name(model: Any, spec: str | Path | None) -> str:

@@ -4,8 +4,9 @@
 evaluators of :mod:`~cde_st.evaluation.evaluators` instead). For each context size J of the run, a
 :class:`~cde_st.evaluation.wrapper.ContextualEncoderWrapper` (task prefixes, the context plan of
 :mod:`~cde_st.evaluation.pools`) is handed to ``mteb.evaluate`` task by task; tasks come from
-:mod:`~cde_st.evaluation.tasks`, the model and its result name from :mod:`~cde_st.evaluation.models`, cached results
-are checked by :mod:`~cde_st.evaluation.provenance` and summaries written by :mod:`~cde_st.evaluation.report`.
+:mod:`~cde_st.evaluation.tasks`, the model from :mod:`~cde_st.model_loading` and its result name from
+:mod:`~cde_st.evaluation.models`, cached results are checked by :mod:`~cde_st.evaluation.provenance` and
+summaries written by :mod:`~cde_st.evaluation.report`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tqdm.auto import tqdm
 from cde_st.context import check_seed, sample_context
 from cde_st.data import document_text, read_jsonl
 from cde_st.evaluation.model_context import context_sizes, is_contextual_model
-from cde_st.evaluation.models import build_model_meta, default_model_name, load_model, weights_revision
+from cde_st.evaluation.models import build_model_meta, default_model_name, weights_revision
 from cde_st.evaluation.pools import CONTEXT_MODES, ContextPlan, context_pool, unique_texts
 from cde_st.evaluation.prefixes import TaskPrefixes
 from cde_st.evaluation.provenance import check_cached, record_provenance, task_provenance
@@ -46,6 +47,7 @@ from cde_st.evaluation.tasks import (
     resolve_task,
 )
 from cde_st.evaluation.wrapper import ContextualEncoderWrapper
+from cde_st.model_loading import load_model
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +199,7 @@ def evaluate_model(
 
     Args:
         model: a ``SentenceTransformer`` (e.g. ``ContextualSentenceTransformer``), or a model folder / hub id (loaded
-            on ``device``, with ``backend`` and ``onnx_file``: :func:`~cde_st.evaluation.models.load_model`).
+            on ``device``, with ``backend`` and ``onnx_file``: :func:`~cde_st.model_loading.load_model`).
         tasks: mteb task names, local task folders, names of folders under ``data_dir`` (the root of local task
             folders, ``<data_dir>/<type>/<name>``, see :mod:`cde_st.evaluation.local_tasks`), or mteb task objects.
         context_size: J, or several J for a sweep (contextual models only; default: the model's); 0: no context.

@@ -24,7 +24,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cde_st.serving import context_errors, defaults
+from cde_st import context_errors
+from cde_st.serving import defaults
 from cde_st.serving.batching import DynamicBatcher, Overloaded, Unavailable
 from cde_st.serving.contexts import ContextStore, check_name
 from cde_st.serving.engine import Engine
@@ -98,7 +99,6 @@ class _Service:
             max_batch_tokens=settings.max_batch_tokens,
             registry=self.metrics.registry,  # the batcher's metrics are exported beside the server's
         )
-        engine.waiting = lambda: self.batcher.pending  # a context creation lets queued embeddings go first
         self.readiness = Readiness(
             engine,
             settings.forward_overhead_tokens,
@@ -263,7 +263,9 @@ class _Service:
         self.store.reserve(body.name, body.replace)
         try:
             # the first stage runs in the model's worker one batch at a time, between embedding batches
-            context = await self.engine.create_context(body.name, body.documents, body.size, body.seed)
+            # A creation lets queued embeddings go first.
+            waiting = lambda: self.batcher.pending  # noqa: E731
+            context = await self.engine.create_context(body.name, body.documents, body.size, body.seed, waiting)
         except BaseException:
             self.store.release(body.name)
             raise

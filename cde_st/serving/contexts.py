@@ -5,7 +5,7 @@ A context is J first-stage vectors plus what identifies them: its name, the fing
 documents (the same value ``model.set_context(documents, seed=seed).fingerprint`` gives in-process, so a fingerprint
 names the content), J, the seed and the identity of the model that made it (:mod:`cde_st.fingerprints`). Each
 is one file, ``STATE_DIR/contexts/NAME.safetensors``, written atomically and checked at load
-(:mod:`cde_st.serving.context_files`).
+(:mod:`cde_st.context_files`).
 
 Replicas. Every write (create, replace, delete) holds an exclusive ``fcntl`` lock on ``STATE_DIR/.write-lock``
 (POSIX record locks: NFS carries them). Each store looks at the folder at most every ``refresh_seconds`` when a context is looked up: the identity (inode, size, mtime) of every
@@ -13,7 +13,7 @@ file, one ``stat`` each, reading again only the files that changed. So a context
 served by every replica at most ``refresh_seconds`` after its write returned (plus the attribute caching of a
 network file system), and a file changed or removed by anything else (a disk fault, a hand edit, a copy) is noticed
 as soon, by every replica alike: none keeps serving from memory what its file no longer holds. Two creates of one name through two replicas: the second to take the lock finds the file
-and gets :class:`~cde_st.serving.context_errors.ContextExists`. Leftover temporary files of a killed writer are
+and gets :class:`~cde_st.context_errors.ContextExists`. Leftover temporary files of a killed writer are
 removed under the lock (no write is then in flight).
 
 Locks never held across file I/O by the event loop: the in-memory maps have their own short lock; a re-read of the
@@ -32,9 +32,9 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from cde_st import context_files
 from cde_st.atomic_files import TEMP_PREFIX, fsync_dir
-from cde_st.serving import context_files, defaults
-from cde_st.serving.context_errors import (
+from cde_st.context_errors import (
     ContextBusy,
     ContextDamaged,
     ContextExists,
@@ -44,7 +44,8 @@ from cde_st.serving.context_errors import (
     InvalidContextName,
     StateDirError,
 )
-from cde_st.serving.context_files import PAUSE_ENV, SUFFIX, StoredContext
+from cde_st.context_files import PAUSE_ENV, SUFFIX, StoredContext
+from cde_st.serving import defaults
 
 __all__ = [
     "WRITE_LOCK_FILE",

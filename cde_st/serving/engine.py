@@ -28,13 +28,13 @@ from sentence_transformers.sentence_transformer.modules import Normalize
 
 from cde_st.backend_options import loading_kwargs
 from cde_st.context import ContextInfo
+from cde_st.context_errors import ContextTooLarge
 from cde_st.fingerprints import model_fingerprint
 from cde_st.model import ContextualSentenceTransformer, is_contextual
 from cde_st.modules.first_stage_batches import in_input_order
 from cde_st.released import is_released_checkpoint, resolve_name
 from cde_st.serving import defaults
 from cde_st.serving.context_cache import CacheStats
-from cde_st.serving.context_errors import ContextTooLarge
 from cde_st.serving.contexts import DEFAULT_NAME, StoredContext
 from cde_st.serving.forwards import Batch, Forwards
 from cde_st.serving.model_process import ModelProcess
@@ -140,8 +140,6 @@ class Engine:
         # Smaller than set_context's 32 (an embedding then waits less behind one); the vectors differ from
         # set_context's by rounding only (other padding), the sample and the fingerprint not at all.
         self.context_batch_size = context_batch_size
-        #: How many embedding texts are queued (the server sets it to its batcher's count); a creation yields to them.
-        self.waiting: Callable[[], int] = lambda: 0
         self.last_forward = float("-inf")  # when the last embedding forward ended (perf_counter)
         self.created = int(time.time())
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-model")
@@ -207,11 +205,13 @@ class Engine:
         batches = list(self.model.contextual_module.context_batches(sampled, self.context_batch_size))
         return self._stored(name, info, batches)
 
-    async def create_context(self, name: str, documents: list[str], size: int | None, seed: int) -> StoredContext:
+    async def create_context(
+        self, name: str, documents: list[str], size: int | None, seed: int, waiting: Callable[[], int] = lambda: 0
+    ) -> StoredContext:
         """:meth:`make_context` for the server: the sampling off the event loop, then the first stage in the
         worker one batch at a time. Embeddings go first: after a batch that took t seconds, the next waits while
-        embeddings are under way (:attr:`waiting` says texts are queued, or a forward ended less than
-        ``EMBEDDING_GAP`` s ago: clients send their next request right after an answer), for at most
+        embeddings are under way (``waiting()``, the count of embedding texts queued, is not 0, or a forward ended
+        less than ``EMBEDDING_GAP`` s ago: clients send their next request right after an answer), for at most
         ``CREATION_YIELD`` x t; so under load a creation takes about a third of the worker's time and an embedding
         waits at most one such batch, and without load it runs at full speed."""
         sampled, info = await asyncio.to_thread(self._sample, documents, size, seed)
@@ -226,7 +226,7 @@ class Engine:
             done.append(batch)
             deadline = time.perf_counter() + CREATION_YIELD * (time.perf_counter() - started)
             while time.perf_counter() < deadline and (
-                self.waiting() or time.perf_counter() - self.last_forward < EMBEDDING_GAP
+                waiting() or time.perf_counter() - self.last_forward < EMBEDDING_GAP
             ):
                 await asyncio.sleep(0.002)
 

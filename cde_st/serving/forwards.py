@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from cde_st.context import ContextInfo
+from cde_st.context_errors import NonFiniteEmbedding
 from cde_st.model import is_contextual
 from cde_st.modules.forward_loop import forward_batches
 from cde_st.modules.freshness import first_stage_fingerprint
 from cde_st.serving import defaults
 from cde_st.serving.context_cache import CacheStats, ContextStateCache
-from cde_st.serving.context_errors import NonFiniteEmbedding
 from cde_st.serving.tokens import Tokens, forward_features
 
 __all__ = ["Batch", "Forwards"]

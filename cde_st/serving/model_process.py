@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from cde_st.context_errors import ContextError
 from cde_st.serving.batching import Unavailable
 from cde_st.serving.context_cache import CacheStats
-from cde_st.serving.context_errors import ContextError
 from cde_st.serving.forwards import Forwards
 
 __all__ = ["START_TIMEOUT", "STOP_TIMEOUT", "ModelProcess", "ModelProcessFailed"]

@@ -40,7 +40,7 @@ try:
 except ImportError as err:  # the extra is missing: say which one
     raise ImportError('cde_st.vector_stores.chroma_collection needs Chroma: pip install "cde_st[chroma]"') from err
 
-from cde_st.evaluation.models import load_model, load_options
+from cde_st.model_loading import load_model, load_options
 from cde_st.vector_stores.embedded_folder import EmbeddedFolder
 from cde_st.vector_stores.folder_changes import FolderChanges, StoreRows
 from cde_st.vector_stores.store_embedder import StoreEmbedder, model_context

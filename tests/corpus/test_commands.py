@@ -71,9 +71,9 @@ def test_a_damaged_served_context_is_one_line_with_the_servers_message(make_tiny
     """``--context`` given a cde-st-serve context file reads it with the server's reader: the server's message."""
     import torch
 
+    from cde_st.context_errors import ContextDamaged
+    from cde_st.context_files import StoredContext, read, write
     from cde_st.fingerprints import model_fingerprint
-    from cde_st.serving.context_errors import ContextDamaged
-    from cde_st.serving.context_files import StoredContext, read, write
 
     model = make_tiny_cde(context_size=4)
     model.save(str(tmp_path / "model"))

@@ -10,10 +10,10 @@ import pytest
 import torch
 from corpus_helpers import DOCS, as_if_killed, write_jsonl
 
+from cde_st.context_errors import ContextDamaged
+from cde_st.context_files import StoredContext, read, write
 from cde_st.corpus import ForeignOutputError, embed_corpus
 from cde_st.fingerprints import model_fingerprint
-from cde_st.serving.context_errors import ContextDamaged
-from cde_st.serving.context_files import StoredContext, read, write
 
 
 def test_a_corpus_edited_in_place_with_the_same_size_is_refused_on_resume(tiny_plain, corpus_file, tmp_path):

@@ -7,19 +7,13 @@ import pytest
 from cde_st.evaluation.local_tasks import LocalDataError
 
 
-def test_unknown_task_and_missing_model_errors(data_dir, tmp_path):
-    from cde_st.evaluation.models import load_model
+def test_unknown_task_errors(data_dir):
     from cde_st.evaluation.tasks import UnknownTaskError, resolve_task
 
     with pytest.raises(UnknownTaskError, match=r"Unknown task 'tinyrett'.*Did you mean: tinyret"):
         resolve_task("tinyrett", data_dir)
     with pytest.raises(UnknownTaskError, match="--data-dir"):
         resolve_task("no_such_task_anywhere", None)
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_model(tmp_path / "missing_model")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="not a model folder"):
-        load_model(tmp_path / "empty")
 
 
 def test_hub_task_offline_gives_a_clear_error(data_dir, monkeypatch):

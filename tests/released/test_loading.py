@@ -104,7 +104,7 @@ def test_small_corpus_and_short_context_are_tiled(fixture_dir, inputs):
 def test_eval_kit_runs_a_released_model(fixture_dir, tmp_path):
     """eval/run_mteb.py --model <released> loads it natively and uses the released prompt conventions."""
     from cde_st.evaluation import evaluate_model
-    from cde_st.evaluation.runner import load_model
+    from cde_st.model_loading import load_model
 
     folder = tmp_path / "data" / "retrieval" / "tinyret"
     (folder / "qrels").mkdir(parents=True)

@@ -18,8 +18,7 @@ import torch
 from sample_texts import SHORT_DOCS, TOPIC_DOCS
 from serving_helpers import API_KEY, Server
 
-from cde_st.serving import contexts
-from cde_st.serving.context_errors import (
+from cde_st.context_errors import (
     ContextBusy,
     ContextDamaged,
     ContextExists,
@@ -29,6 +28,7 @@ from cde_st.serving.context_errors import (
     InvalidContextName,
     StateDirError,
 )
+from cde_st.serving import contexts
 from cde_st.serving.contexts import DEFAULT_NAME, PAUSE_ENV, ContextStore, StoredContext, check_name
 
 

@@ -17,8 +17,8 @@ from sample_texts import SHORT_DOCS, TOPIC_DOCS
 from serving_helpers import MAX_SEQ_LENGTH
 
 from cde_st import ContextualSentenceTransformer
+from cde_st.context_errors import ContextTooLarge, NonFiniteEmbedding
 from cde_st.modules import context_attention, context_lifecycle
-from cde_st.serving.context_errors import ContextTooLarge, NonFiniteEmbedding
 from cde_st.serving.engine import Engine, load_model
 
 
@@ -126,11 +126,11 @@ def test_a_creation_lets_embeddings_run_between_its_batches(cde_dir, monkeypatch
     monkeypatch.setattr(module, "embed_context_features", lambda f: events.append("context") or first_stage(f))
 
     asked = []
-    engine.waiting = lambda: asked.append(1) or 0  # queued embedding texts, which go first (none here)
+    waiting = lambda: asked.append(1) or 0  # noqa: E731  (queued embedding texts, which go first: none here)
 
     async def run():
         loop = asyncio.get_running_loop()
-        creation = asyncio.ensure_future(engine.create_context("big", TOPIC_DOCS, None, seed=1))
+        creation = asyncio.ensure_future(engine.create_context("big", TOPIC_DOCS, None, 1, waiting))
         while not creation.done():
             await loop.run_in_executor(
                 engine.executor, lambda: events.append("embed") or engine.embed(["q"], None, None)

@@ -20,7 +20,7 @@ from sentence_transformers import SentenceTransformer
 from serving_helpers import process_running, wait_until_ended
 
 from cde_st import ContextualSentenceTransformer
-from cde_st.serving.context_errors import NonFiniteEmbedding
+from cde_st.context_errors import NonFiniteEmbedding
 from cde_st.serving.engine import Engine
 from cde_st.serving.model_process import ModelProcessFailed
 

@@ -23,7 +23,7 @@ from chromadb.api.shared_system_client import SharedSystemClient  # noqa: E402
 
 from cde_st.corpus.encoders import DocumentEncoder  # noqa: E402
 from cde_st.corpus.index import search_index  # noqa: E402
-from cde_st.evaluation.models import load_model  # noqa: E402
+from cde_st.model_loading import load_model  # noqa: E402
 from cde_st.vector_stores import EmbeddedFolder, ForeignStoreError  # noqa: E402
 from cde_st.vector_stores.chroma_collection import (  # noqa: E402
     FUNCTION_NAME,

@@ -5,12 +5,13 @@ Writing is atomic (:func:`cde_st.atomic_files.write_atomically`): a temporary fi
 fsynced, renamed over the old one (``os.replace``), and the folder fsynced, so a process killed at any point leaves
 the old file or the new one, never half of one. Reading checks what a rename cannot promise: the checksum (a disk or
 copy fault, a hand edit), the format, the name, the shape and that every value is finite; a file failing any check
-raises :class:`~cde_st.serving.context_errors.ContextDamaged`. Files written before checksums existed are read with
+raises :class:`~cde_st.context_errors.ContextDamaged`. Files written before checksums existed are read with
 every other check.
 
 This is the one reader of the format: ``cde-st-serve`` loads its contexts with :func:`read`, and ``cde-st-embed
 --context`` reads an exported context file through it too (:func:`holds_context` tells such a file from other
-safetensors files), so a file one of them refuses the other refuses with the same message.
+safetensors files), so a file one of them refuses the other refuses with the same message. It sits below both
+commands (at the package's top, not in :mod:`cde_st.serving`) so that neither imports the other to read it.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from cde_st.atomic_files import write_atomically
+from cde_st.context_errors import ContextDamaged
 from cde_st.modules.integrity import check_readable
-from cde_st.serving.context_errors import ContextDamaged
 
 __all__ = ["METADATA_KEY", "PAUSE_ENV", "SUFFIX", "StoredContext", "holds_context", "read", "write"]
 

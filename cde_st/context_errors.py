@@ -1,7 +1,9 @@
 """What can go wrong with a named context or the model serving it, as exceptions that know nothing of HTTP.
 
-The context store and the engine raise these; the HTTP routes (:mod:`cde_st.serving.app`) map each class to a
-status and OpenAI's error body, so the store and the engine stay usable from a script or a test without a server.
+The context store and the engine raise these, and the context file reader (:mod:`cde_st.context_files`) raises
+:class:`ContextDamaged` for ``cde-st-embed --context`` too; the HTTP routes (:mod:`cde_st.serving.app`) map each
+class to a status and OpenAI's error body, so the store and the engine stay usable from a script or a test without
+a server.
 Each carries ``code`` (a short machine-readable name, answered as the error's ``code``) and ``param`` (the request
 field at fault, if any).
 """

@@ -1,4 +1,4 @@
-"""The stored-context file format (cde_st/serving/context_files.py) has one reader: the server loads its contexts with
+"""The stored-context file format (cde_st/context_files.py) has one reader: the server loads its contexts with
 it and ``cde-st-embed --context`` reads an exported file through it, so a damaged file is refused by both with the
 same message."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save
 
+from cde_st.context_errors import ContextDamaged
+from cde_st.context_files import METADATA_KEY, StoredContext, holds_context, read, write
 from cde_st.corpus.corpus_context import read_context_file
-from cde_st.serving.context_errors import ContextDamaged
-from cde_st.serving.context_files import METADATA_KEY, StoredContext, holds_context, read, write
 
 
 def _vectors(rows: int = 4) -> torch.Tensor:
