@@ -8,6 +8,7 @@ uses them:
 - :mod:`~cde_st.training.pairs`: the training pairs (``train_data``: jsonl files/folders, BEIR, hub, built-in);
 - :mod:`~cde_st.training.tiny`: the tiny offline encoder of ``--preset tiny`` and the tests;
 - :mod:`~cde_st.training.output_dir`: output folder, resume and overwrite rules;
+- :mod:`~cde_st.training.checkpoints`: the checkpoints a run saved, whether one can be resumed from;
 - :mod:`~cde_st.training.data_record`: the training files a run recorded (sizes, hashes), checked on resume;
 - :mod:`~cde_st.training.interrupt`: SIGINT / SIGTERM stop a run at a step boundary, with a checkpoint to resume;
 - :mod:`~cde_st.training.run`: model, loss, optimizer, sampler and evaluator, and :func:`train`.
@@ -16,6 +17,7 @@ uses them:
     model = train(cfg)
 """
 
+from cde_st.training.checkpoints import CheckpointError, RunFinishedError, check_checkpoint
 from cde_st.training.config import (
     PRESET_DIR,
     PRESET_TIMES,
@@ -32,12 +34,9 @@ from cde_st.training.output_dir import (
     LOCK_FILE,
     MANIFEST_FILE,
     RESUMABLE_FIELDS,
-    CheckpointError,
     OutputDirError,
     OutputDirInUseError,
     ResumeConfigError,
-    RunFinishedError,
-    check_checkpoint,
     prepare_output_dir,
     record_outputs,
     run_lock,

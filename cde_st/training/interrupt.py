@@ -28,7 +28,7 @@ from types import FrameType
 import torch
 from transformers import TrainerCallback
 
-from cde_st.training.output_dir import CheckpointError, check_checkpoint, checkpoints
+from cde_st.training.checkpoints import CheckpointError, check_checkpoint, checkpoints
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@ run into the same folder is refused naming the holder. A folder that already hol
 or a summary) is refused unless the run is resumed or ``overwrite_output_dir`` replaces it; a resumed run must have
 the config its checkpoints were trained with (except :data:`RESUMABLE_FIELDS`) and checkpoint files that can be read,
 a finished run is left as it is, and overwriting removes only what a run wrote (listed in :data:`MANIFEST_FILE`),
-never an input of the new run nor anything else.
+never an input of the new run nor anything else. Which checkpoints a folder holds and whether one can be resumed
+from: ``checkpoints.py``.
 """
 
 from __future__ import annotations
@@ -22,15 +23,25 @@ import shutil
 import socket
 import sys
 import time
-import zipfile
 from collections.abc import Iterator
 from typing import Any
 
-from safetensors import safe_open
-
 from cde_st.atomic_files import write_atomically
+from cde_st.training.checkpoints import check_checkpoint, checkpoints, refuse_to_resume_a_finished_run
 from cde_st.training.config import TrainConfig, TrainConfigError
 from cde_st.training.data_record import DATA_RECORD_FILE, check_data_unchanged, data_record, write_data_record
+
+__all__ = [
+    "LOCK_FILE",
+    "MANIFEST_FILE",
+    "RESUMABLE_FIELDS",
+    "OutputDirError",
+    "OutputDirInUseError",
+    "ResumeConfigError",
+    "prepare_output_dir",
+    "record_outputs",
+    "run_lock",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +64,6 @@ _RUN_OUTPUTS = ("checkpoint-*", "final", "train_summary.json", "train_config.jso
 LOCK_FILE = "cde_st_run.lock"
 #: What the runs in this folder wrote (``{"outputs": [names]}``): all that ``overwrite_output_dir`` may remove.
 MANIFEST_FILE = "cde_st_outputs.json"
-# The files of a checkpoint the trainer reads back on resume (torch zip archives / JSON).
-_CHECKPOINT_ARCHIVES = ("optimizer.pt", "scheduler.pt")
 
 
 class OutputDirError(FileExistsError):
@@ -65,16 +74,8 @@ class OutputDirInUseError(OutputDirError):
     """Another training run holds the output folder (its :data:`LOCK_FILE`)."""
 
 
-class CheckpointError(ValueError):
-    """A checkpoint to resume from is empty, incomplete or holds a file that cannot be read."""
-
-
 class ResumeConfigError(TrainConfigError):
     """A resumed run's config differs from the one its checkpoints were trained with."""
-
-
-class RunFinishedError(RuntimeError):
-    """A resumed run whose checkpoint already reached the configured length: there is nothing to train."""
 
 
 # ----------------------------------------------------------------------------------------- one run per folder
@@ -223,108 +224,6 @@ def _refuse_a_file(output_dir: str) -> None:
         )
 
 
-# ----------------------------------------------------------------------------------------------- checkpoints
-def _checkpoint_problem(checkpoint: str) -> str | None:
-    """What makes ``checkpoint`` impossible to resume from (None: nothing found): empty, no trainer state, an
-    optimizer/scheduler/RNG file that is missing or not a readable torch archive, a trainer state that is not JSON."""
-    entries = os.listdir(checkpoint)
-    if not entries:
-        return "is empty (the run stopped while saving it?)"
-    state_path = os.path.join(checkpoint, "trainer_state.json")
-    if not os.path.exists(state_path):
-        return "has no trainer_state.json (it is incomplete)"
-    try:
-        with open(state_path, encoding="utf-8") as f:
-            state = json.load(f)
-        if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
-            raise ValueError("not the trainer's state (no global_step)")
-    except (OSError, ValueError) as err:
-        return f"holds trainer_state.json, which is corrupt and cannot be read ({err})"
-    for name in _CHECKPOINT_ARCHIVES:
-        if not os.path.exists(os.path.join(checkpoint, name)):
-            return f"has no {name} (resuming would silently restart the optimizer and learning-rate schedule)"
-    archives = [*_CHECKPOINT_ARCHIVES, *sorted(n for n in entries if n.startswith("rng_state") and n.endswith(".pth"))]
-    for name in archives:
-        try:
-            with zipfile.ZipFile(os.path.join(checkpoint, name)) as archive:
-                bad = archive.testzip()
-            if bad is not None:
-                raise zipfile.BadZipFile(f"member {bad} fails its checksum")
-        except (OSError, zipfile.BadZipFile) as err:
-            return f"holds {name}, which is corrupt and cannot be read ({err})"
-    for name in sorted(n for n in entries if n.endswith(".safetensors")):
-        try:
-            with safe_open(os.path.join(checkpoint, name), framework="pt") as weights:
-                weights.keys()
-        except Exception as err:  # safetensors raises its own error types for a damaged header
-            return f"holds {name}, which is corrupt and cannot be read ({err})"
-    return None
-
-
-def check_checkpoint(checkpoint: str, output_dir: str | None = None) -> None:
-    """A :class:`CheckpointError` naming the file and what to do when ``checkpoint`` cannot be resumed from."""
-    problem = _checkpoint_problem(checkpoint)
-    if problem is None:
-        return
-    others = [] if output_dir is None else [c for c in checkpoints(output_dir) if c != os.path.basename(checkpoint)]
-    earlier = next(
-        (
-            os.path.join(output_dir, c)
-            for c in reversed(others)
-            if _checkpoint_problem(os.path.join(output_dir, c)) is None
-        ),
-        None,
-    )
-    what = (
-        f"Resume from the newest readable checkpoint with --resume {earlier} (or delete {checkpoint} and --resume)"
-        if earlier
-        else "Resume from another checkpoint (--resume PATH), or start the run again (--overwrite-output-dir)"
-    )
-    raise CheckpointError(f"Cannot resume: checkpoint {checkpoint} {problem}. Nothing was changed. {what}.")
-
-
-def _trainer_state(checkpoint: str) -> dict[str, Any] | None:
-    state_path = os.path.join(checkpoint, "trainer_state.json")
-    if not os.path.exists(state_path):
-        return None
-    try:
-        with open(state_path, encoding="utf-8") as f:
-            state = json.load(f)
-    except (OSError, ValueError) as err:
-        raise CheckpointError(
-            f"Cannot resume: {state_path} is corrupt and cannot be read ({err}). Resume from another checkpoint "
-            "(--resume PATH)."
-        ) from None
-    return state if isinstance(state, dict) else None
-
-
-def refuse_to_resume_a_finished_run(cfg: TrainConfig, checkpoint: str) -> None:
-    """A :class:`RunFinishedError` when ``checkpoint`` already trained as far as ``cfg`` asks (``max_steps``, or
-    the epochs the run was planned with): resuming it would train past the end and replace ``final/``."""
-    state = _trainer_state(checkpoint)
-    if state is None:
-        return
-    step, planned = state.get("global_step", 0), state.get("max_steps", 0)
-    if cfg.max_steps > 0:
-        finished, target = step >= cfg.max_steps, f"max_steps = {cfg.max_steps}"
-    else:
-        epochs = state.get("num_train_epochs", cfg.num_train_epochs)
-        finished = planned > 0 and step >= planned and cfg.num_train_epochs <= epochs
-        target = f"num_train_epochs = {cfg.num_train_epochs:g} ({planned} steps)"
-    if finished:
-        raise RunFinishedError(
-            f"The run in {cfg.output_dir} is finished: {checkpoint} is at step {step}, and the config asks for "
-            f"{target}. Nothing was changed. To train further, resume with a larger max_steps or num_train_epochs "
-            "(--set max_steps=N)."
-        )
-
-
-def checkpoints(folder: str) -> list[str]:
-    """The names of the ``checkpoint-N`` folders in ``folder``, in step order (the last is the newest)."""
-    found = glob.glob(os.path.join(glob.escape(folder), "checkpoint-*"))
-    return sorted((os.path.basename(p) for p in found if os.path.isdir(p)), key=lambda n: (len(n), n))
-
-
 def _changed_fields(previous: dict[str, Any], cfg: TrainConfig) -> list[str]:
     """``field: old -> new`` for each field of ``cfg`` that differs from a saved ``train_config.json``."""
     current = json.loads(json.dumps(cfg.to_dict()))  # tuples -> lists, as stored
@@ -390,53 +289,9 @@ def prepare_output_dir(
     config_path = os.path.join(out, "train_config.json")
     data = data_record(cfg)  # hashed once: checked on resume, then recorded
     if resume:
-        checkpoint_dir = resume if isinstance(resume, str) else None
-        if checkpoint_dir is None and not checkpoints(out):
-            raise FileNotFoundError(f"Cannot resume: {out} holds no checkpoint-* folder (nothing was saved there yet).")
-        if checkpoint_dir is not None and not os.path.isdir(checkpoint_dir):
-            raise FileNotFoundError(f"Cannot resume: checkpoint folder {checkpoint_dir} does not exist.")
-        checkpoint = checkpoint_dir or os.path.join(out, checkpoints(out)[-1])
-        candidates = [config_path]
-        if checkpoint_dir is not None:
-            candidates.append(os.path.join(os.path.dirname(os.path.abspath(checkpoint_dir)), "train_config.json"))
-        previous_path = next((p for p in candidates if os.path.exists(p)), None)
-        if previous_path is not None and not allow_config_change:
-            try:
-                with open(previous_path, encoding="utf-8") as f:
-                    previous = json.load(f)
-                if not isinstance(previous, dict):
-                    raise ValueError("not a JSON object")
-            except (OSError, ValueError) as err:
-                raise ResumeConfigError(
-                    f"Cannot resume: {previous_path} (the config the checkpoints were trained with) is corrupt and "
-                    f"cannot be read ({err}). Restore it, or pass allow_config_change=True (--allow-config-change) "
-                    "to resume with the given config."
-                ) from None
-            changed = _changed_fields(previous, cfg)
-            if changed:
-                raise ResumeConfigError(
-                    f"Cannot resume with a changed config: the run's checkpoints were trained with {previous_path}, "
-                    f"which differs in {len(changed)} field(s):\n  " + "\n  ".join(changed) + "\n"
-                    "Resume with the same config, train into a new --output-dir, or pass allow_config_change=True "
-                    "(--allow-config-change) to resume with these changes anyway."
-                )
-        check_checkpoint(checkpoint, out if checkpoint_dir is None else os.path.dirname(os.path.abspath(checkpoint)))
-        refuse_to_resume_a_finished_run(cfg, checkpoint)
-        check_data_unchanged(data, [out, os.path.dirname(os.path.abspath(checkpoint))], allow_changed_data)
-        if _read_manifest(out) is None and _is_older_cde_st_run(out):
-            # A run of an older cde_st listed nothing; what it wrote is the resumed run's too.
-            record_outputs(out, *_run_output_names(out))
+        _check_resume(cfg, resume, allow_config_change, allow_changed_data, data)
     else:
-        earlier = checkpoints(out) if os.path.isdir(out) else []
-        earlier += [n for n in ("final", "train_summary.json") if os.path.exists(os.path.join(out, n))]
-        if earlier and not overwrite_output_dir:
-            raise OutputDirError(
-                f"Output folder {out} already holds a training run ({', '.join(earlier)}). Pass resume=True "
-                "(--resume) to continue it, overwrite_output_dir=True (--overwrite-output-dir) to replace it, or "
-                "choose a new output_dir (--output-dir)."
-            )
-        if overwrite_output_dir and os.path.isdir(out):
-            _overwrite(cfg, out)
+        _refuse_or_overwrite_an_earlier_run(cfg, overwrite_output_dir)
     os.makedirs(out, exist_ok=True)
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(cfg.to_dict(), f, indent=2)
@@ -445,6 +300,76 @@ def prepare_output_dir(
     if "tiny" in (cfg.base_model, cfg.surrogate, cfg.guide):
         written.append("_tiny_base")
     record_outputs(out, *written)
+
+
+def _check_resume(
+    cfg: TrainConfig, resume: bool | str, allow_config_change: bool, allow_changed_data: bool, data: dict[str, Any]
+) -> None:
+    """What a resumed run needs (see :func:`prepare_output_dir`): a checkpoint to resume from (``resume``: its path,
+    or True for the folder's newest), the config it was trained with, a checkpoint that is whole and not finished,
+    the training files the run recorded. A folder an older cde_st wrote adopts its outputs in the manifest."""
+    out = cfg.output_dir
+    checkpoint_dir = resume if isinstance(resume, str) else None
+    if checkpoint_dir is None and not checkpoints(out):
+        raise FileNotFoundError(f"Cannot resume: {out} holds no checkpoint-* folder (nothing was saved there yet).")
+    if checkpoint_dir is not None and not os.path.isdir(checkpoint_dir):
+        raise FileNotFoundError(f"Cannot resume: checkpoint folder {checkpoint_dir} does not exist.")
+    checkpoint = checkpoint_dir or os.path.join(out, checkpoints(out)[-1])
+    if not allow_config_change:
+        _refuse_a_changed_config(cfg, checkpoint_dir)
+    check_checkpoint(checkpoint, out if checkpoint_dir is None else os.path.dirname(os.path.abspath(checkpoint)))
+    refuse_to_resume_a_finished_run(cfg, checkpoint)
+    check_data_unchanged(data, [out, os.path.dirname(os.path.abspath(checkpoint))], allow_changed_data)
+    if _read_manifest(out) is None and _is_older_cde_st_run(out):
+        # A run of an older cde_st listed nothing; what it wrote is the resumed run's too.
+        record_outputs(out, *_run_output_names(out))
+
+
+def _refuse_a_changed_config(cfg: TrainConfig, checkpoint_dir: str | None) -> None:
+    """A :class:`ResumeConfigError` when the config the checkpoints were trained with (the output folder's
+    ``train_config.json``, else the one beside ``checkpoint_dir``) cannot be read or differs from ``cfg`` in a field
+    outside :data:`RESUMABLE_FIELDS`. Neither file: nothing to compare."""
+    candidates = [os.path.join(cfg.output_dir, "train_config.json")]
+    if checkpoint_dir is not None:
+        candidates.append(os.path.join(os.path.dirname(os.path.abspath(checkpoint_dir)), "train_config.json"))
+    previous_path = next((p for p in candidates if os.path.exists(p)), None)
+    if previous_path is None:
+        return
+    try:
+        with open(previous_path, encoding="utf-8") as f:
+            previous = json.load(f)
+        if not isinstance(previous, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as err:
+        raise ResumeConfigError(
+            f"Cannot resume: {previous_path} (the config the checkpoints were trained with) is corrupt and "
+            f"cannot be read ({err}). Restore it, or pass allow_config_change=True (--allow-config-change) "
+            "to resume with the given config."
+        ) from None
+    changed = _changed_fields(previous, cfg)
+    if changed:
+        raise ResumeConfigError(
+            f"Cannot resume with a changed config: the run's checkpoints were trained with {previous_path}, "
+            f"which differs in {len(changed)} field(s):\n  " + "\n  ".join(changed) + "\n"
+            "Resume with the same config, train into a new --output-dir, or pass allow_config_change=True "
+            "(--allow-config-change) to resume with these changes anyway."
+        )
+
+
+def _refuse_or_overwrite_an_earlier_run(cfg: TrainConfig, overwrite_output_dir: bool) -> None:
+    """A new run: an :class:`OutputDirError` when the output folder holds an earlier run (checkpoints, a final model
+    or a summary), unless ``overwrite_output_dir``, which removes that run's outputs (:func:`_overwrite`)."""
+    out = cfg.output_dir
+    earlier = checkpoints(out) if os.path.isdir(out) else []
+    earlier += [n for n in ("final", "train_summary.json") if os.path.exists(os.path.join(out, n))]
+    if earlier and not overwrite_output_dir:
+        raise OutputDirError(
+            f"Output folder {out} already holds a training run ({', '.join(earlier)}). Pass resume=True "
+            "(--resume) to continue it, overwrite_output_dir=True (--overwrite-output-dir) to replace it, or "
+            "choose a new output_dir (--output-dir)."
+        )
+    if overwrite_output_dir and os.path.isdir(out):
+        _overwrite(cfg, out)
 
 
 def _run_output_names(out: str) -> list[str]:

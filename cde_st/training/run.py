@@ -38,16 +38,10 @@ from cde_st.evaluation.evaluators import ContextualRetrievalEvaluator, with_corp
 from cde_st.losses import FilteredInfoNCELoss
 from cde_st.model import ContextualSentenceTransformer, contextual_module, is_contextual
 from cde_st.prompts import DOCUMENT_PROMPT, QUERY_PROMPT
+from cde_st.training.checkpoints import CheckpointError, checkpoints, refuse_to_resume_a_finished_run
 from cde_st.training.config import TrainConfig
 from cde_st.training.interrupt import StopOnSignal, TrainingInterrupted
-from cde_st.training.output_dir import (
-    CheckpointError,
-    checkpoints,
-    prepare_output_dir,
-    record_outputs,
-    refuse_to_resume_a_finished_run,
-    run_lock,
-)
+from cde_st.training.output_dir import prepare_output_dir, record_outputs, run_lock
 from cde_st.training.pairs import TRAIN_DATA_HELP, NoTrainingDataError, load_pairs, pairs_for_max_steps
 from cde_st.training.tiny import build_tiny_encoder
 
