@@ -1,19 +1,45 @@
 """Sampling and bookkeeping of the corpus context (the J documents the first stage embeds).
 
-One function decides which documents become the context everywhere: the model's ``set_context``, the eval kit
-and the in-training evaluators all call :func:`sample_context`, which samples the corpus as a set of documents
-(:func:`context_documents`: duplicates and blank documents dropped, a mapping's texts), so a (corpus, J, seed)
-triple always yields the same context.
+One rule decides which documents become the context everywhere: the model's ``set_context``, the server's contexts,
+the eval kit and the in-training evaluators call :func:`sample_context`, and ``cde-st-embed``, which streams the
+corpus, keeps a :class:`BottomKSample`. Both take the corpus as a set of documents (:func:`context_documents`:
+duplicates and blank documents dropped, a mapping's texts) and choose the ``size`` documents with the smallest
+seeded 64-bit hash (:func:`text_hash`, a "bottom-k" sample: uniform over the distinct documents, since the hash is),
+in that hash order; a corpus of fewer distinct documents is tiled evenly (:func:`tile_sample`). So a (corpus, J,
+seed) triple yields the same context rows in process and in the embed tool, whatever the corpus order, repeats, or
+how many workers read it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+__all__ = [
+    "SEED_RULE",
+    "BottomKSample",
+    "ContextInfo",
+    "bottom_k",
+    "check_seed",
+    "context_documents",
+    "context_input",
+    "distinct_documents",
+    "fingerprint_array",
+    "fingerprint_texts",
+    "is_seed",
+    "sample_context",
+    "sample_indices",
+    "sample_prompted_context",
+    "text_hash",
+    "tile_sample",
+    "validate_texts",
+    "vectors_context_info",
+]
 
 
 def validate_texts(texts: Sequence[str], what: str = "context corpus") -> list[str]:
@@ -114,31 +140,128 @@ def context_documents(corpus: Sequence[str] | Mapping[Any, str]) -> list[str]:
     return documents
 
 
+def text_hash(text: str, seed: int) -> int:
+    """The seeded 64-bit hash a document is ranked by: blake2b keyed with the seed's 8 bytes (a seed in [0, 2**64))."""
+    key = seed.to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8, key=key).digest(), "little")
+
+
+def bottom_k(documents: Iterable[str], size: int, seed: int) -> list[str]:
+    """The ``size`` distinct ``documents`` with the smallest :func:`text_hash`, smallest first (a tie of two 64-bit
+    hashes, never seen in practice, goes by text); all of them when there are fewer. ``documents``: checked texts
+    (blank ones are the caller's to drop: :func:`context_documents`).
+
+    Example:
+        >>> bottom_k(["a", "b", "c", "d"], 2, seed=0) == sorted("abcd", key=lambda t: text_hash(t, 0))[:2]
+        True
+    """
+    return [text for _, text in heapq.nsmallest(size, ((text_hash(t, seed), t) for t in set(documents)))]
+
+
+def tile_sample(sample: Sequence[str], size: int, seed: int = 0) -> list[str]:
+    """The ``size`` context rows of a sample of distinct documents: the sample itself when it holds ``size``; a
+    sample of fewer (the corpus had fewer distinct documents than ``size``) tiled evenly, each document ``size // n``
+    or ``size // n + 1`` times (:func:`sample_indices`: whole copies of the sample in its order, then the seeded
+    extra ones), so a small corpus fills every slot uniformly.
+
+    Example:
+        >>> tile_sample(["x", "y"], 5, seed=0)
+        ['x', 'y', 'x', 'y', 'y']
+    """
+    sample = list(sample)
+    if len(sample) >= size:
+        return sample[:size]
+    return [sample[i] for i in sample_indices(len(sample), size, seed)]
+
+
 def sample_context(
     texts: Sequence[str] | Mapping[Any, str], size: int, seed: int = 0, keep_order: bool = False
 ) -> list[str]:
-    """Sample the ``size`` context documents of a corpus: its :func:`context_documents` (the corpus as a set:
-    duplicates and blank documents dropped, a mapping's texts), then a seeded choice without replacement (see
-    :func:`sample_indices`; a corpus of fewer than ``size`` distinct documents is tiled evenly).
+    """Sample the ``size`` context documents of a corpus: of its :func:`context_documents` (the corpus as a set:
+    duplicates and blank documents dropped, a mapping's texts), the ``size`` with the smallest seeded hash
+    (:func:`bottom_k`), in that hash order; a corpus of fewer than ``size`` distinct documents gives each of them,
+    tiled evenly (:func:`tile_sample`). ``seed``: an integer in [0, 2**64).
 
-    Which documents are chosen is a function of the corpus as a set: the choice is made over the sorted documents,
-    so the same documents in another order or repeated (a shuffled or re-read corpus, another shard order, a
-    document listed twice) give the same context, in sorted order. ``keep_order=True`` samples the distinct
-    documents in corpus order instead (positions, kept in corpus order): for an architecture that reads the order
-    of its context rows (cde-small-v2 gives them rotary positions) the order matters anyway, and the context is
-    then what the released model card's procedure gives.
+    The choice and its order are a function of the corpus as a set and the seed: the same documents in another
+    order or repeated (a shuffled or re-read corpus, another shard order, a document listed twice) give the same
+    context, and ``cde-st-embed`` (:class:`BottomKSample`, streaming) gives the same rows. ``keep_order=True``
+    returns the same documents in corpus order (first occurrences): for an architecture that reads the order of its
+    context rows (cde-small-v2 gives them rotary positions), as the released model card's procedure keeps it.
 
     Example:
-        >>> sample_context(["d", "c", "b", "a"], size=2, seed=0)
-        ['c', 'd']
-        >>> sample_context(["d", "c", "b", "a"], size=2, seed=0, keep_order=True)
-        ['b', 'a']
+        >>> sample_context(["d", "c", "b", "a"], size=3, seed=1)
+        ['a', 'b', 'c']
+        >>> sample_context(["d", "c", "b", "a"], size=3, seed=1, keep_order=True)
+        ['c', 'b', 'a']
+        >>> sample_context(["d", "c", "b", "a"], size=6, seed=0)  # 4 documents for 6 rows: tiled evenly
+        ['d', 'a', 'b', 'c', 'b', 'c']
     """
-    texts = context_documents(texts)
-    if keep_order:  # the order is read anyway: sample positions of the corpus as given (as vectors are tiled)
-        return [texts[i] for i in sample_indices(len(texts), size, seed)]
-    by_text = sorted(range(len(texts)), key=texts.__getitem__)
-    return [texts[by_text[i]] for i in sample_indices(len(texts), size, seed)]
+    documents = context_documents(texts)
+    if size < 0:
+        raise ValueError(f"Context size must be >= 0, got {size}.")
+    seed = check_seed(seed, bits=64)
+    chosen = bottom_k(documents, size, seed)
+    if keep_order:
+        kept = set(chosen)
+        chosen = [t for t in documents if t in kept]
+    return tile_sample(chosen, size, seed)
+
+
+class BottomKSample:
+    """:func:`bottom_k` in one streaming pass: the ``size`` distinct non-blank texts with the smallest seeded hash
+    among those offered, in memory ``size`` texts. It depends only on the texts offered as a set and the seed: not
+    on their order, nor on repeats (a text seen twice has one hash); samples of parts of a corpus merge exactly
+    (:meth:`merge`), so workers can each sample their part. ``seed``: the one seed rule (:func:`check_seed`).
+
+    Example:
+        >>> a, b = BottomKSample(2, seed=0), BottomKSample(2, seed=0)
+        >>> _ = a.offer_many(["x", "y"]), b.offer_many(["z", "x"])
+        >>> a.merge(b).texts() == BottomKSample(2, seed=0).offer_many(["z", "y", "x"]).texts()
+        True
+        >>> BottomKSample(2, seed=0).offer_many(["d", "c", "b", "a"]).texts() == sample_context(["d", "c", "b", "a"], 2)
+        True
+    """
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        if size < 1:
+            raise ValueError(f"context size must be >= 1, got {size}.")
+        self.size, self.seed = size, check_seed(seed)
+        self._heap: list[tuple[int, str]] = []  # (-hash, text): the largest kept hash on top
+        self._kept: set[str] = set()
+
+    def offer(self, text: str) -> None:
+        """Consider one text (blank texts are never sampled)."""
+        if not text.strip() or text in self._kept:
+            return
+        h = text_hash(text, self.seed)
+        if len(self._heap) < self.size:
+            heapq.heappush(self._heap, (-h, text))
+            self._kept.add(text)
+        elif h < -self._heap[0][0]:
+            _, dropped = heapq.heapreplace(self._heap, (-h, text))
+            self._kept.discard(dropped)
+            self._kept.add(text)
+
+    def offer_many(self, texts: Iterable[str]) -> BottomKSample:
+        """:meth:`offer` each text; returns this sample."""
+        for text in texts:
+            self.offer(text)
+        return self
+
+    def merge(self, other: BottomKSample) -> BottomKSample:
+        """This sample after also offering everything ``other`` was offered (same size and seed)."""
+        if (other.size, other.seed) != (self.size, self.seed):
+            raise ValueError("only samples of the same size and seed merge.")
+        self.offer_many(other.texts())
+        return self
+
+    def texts(self) -> list[str]:
+        """The sampled texts, smallest hash first (fewer than ``size`` when fewer distinct texts were offered;
+        :func:`tile_sample` makes them the context rows :func:`sample_context` gives)."""
+        return [text for _, text in sorted(self._heap, key=lambda item: (-item[0], item[1]))]
+
+    def __len__(self) -> int:
+        return len(self._heap)
 
 
 def fingerprint_texts(texts: Sequence[str], prompt: str = "") -> str:

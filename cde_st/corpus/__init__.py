@@ -8,7 +8,7 @@ embeds it again with a new one, and ``corpus_drift`` (``--drift``) says how far 
 documents its context was made from. See docs/embedding_corpora.md.
 """
 
-from cde_st.corpus.context_sample import BottomKSample
+from cde_st.context import BottomKSample
 from cde_st.corpus.corpus_context import CorpusContext, context_path, read_context_file
 from cde_st.corpus.drift import Drift, corpus_drift
 from cde_st.corpus.job import embed_corpus, finished_shards

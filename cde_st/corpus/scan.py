@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from cde_st.corpus.context_sample import BottomKSample
+from cde_st.context import BottomKSample
 from cde_st.corpus.duplicate_ids import DuplicateIds
 from cde_st.corpus.readers import CorpusBatch, CorpusReader
 

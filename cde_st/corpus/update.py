@@ -41,6 +41,7 @@ from cde_st.corpus.job import (
     make_encoder,
     record_shard,
     sample_for,
+    sampled_rows,
     shard_records,
 )
 from cde_st.corpus.manifest import ForeignOutputError, add_history, check_same_embedding, read_manifest, write_manifest
@@ -218,7 +219,7 @@ def _context_and_reference(model, out: Path, live: dict, manifest: dict, request
         reference = DriftReference.load(out / drift["reference_file"]) if drift else None
         return context, reference
     batch_size = options.get("batch_size", 32)
-    texts = scan.sample[: request["size"]]
+    texts = sampled_rows(scan, request)
     made = embed_sampled_context(model, texts, context_prompt(model), request["size"], request["seed"], batch_size)
     generation = manifest["generation"]
     manifest.update(context=made.describe(), context_file=versioned_name(CONTEXT_FILE, generation))
