@@ -1,24 +1,20 @@
 """The engine in-process: a server context is what ``set_context`` makes in-process (the library's sample, vectors
-and counts), switching contexts between batches changes nothing and reads no weight, the keys/values of several
-contexts kept under a budget, a creation interleaved with embeddings, prompts, token counts, and which folders load
-as contextual."""
+and counts), a creation interleaved with embeddings, prompts, token counts, the engine's identity and closing, and
+which folders load as contextual. The forwards themselves (context switches, keys/values kept under a budget, the
+null context) are tests/serving/test_forwards.py."""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import gc
-import warnings
 
-import numpy as np
 import pytest
 import torch
-from sample_texts import SHORT_DOCS, TOPIC_DOCS
+from sample_texts import TOPIC_DOCS
 from serving_helpers import MAX_SEQ_LENGTH
 
 from cde_st import ContextualSentenceTransformer
-from cde_st.context_errors import ContextTooLarge, NonFiniteEmbedding
-from cde_st.modules import context_attention, context_lifecycle
+from cde_st.context_errors import ContextTooLarge
 from cde_st.serving.engine import Engine, load_model
 
 
@@ -48,60 +44,6 @@ def test_corpus_size_counts_distinct_documents_as_the_library_does(engine, cde_m
     assert made.fingerprint == info.fingerprint
 
 
-def test_switching_contexts_reads_no_weight_and_keeps_their_keys_values(cde_dir, monkeypatch):
-    engine = Engine(ContextualSentenceTransformer(cde_dir), served_name="tiny-cde")
-    contexts = [engine.make_context(f"c{i}", TOPIC_DOCS, None, seed=i) for i in range(3)]
-    engine.embed(["warm"], "query", contexts[0])  # the engine's one weights check
-    reads, computed = [], []
-    original = context_lifecycle.first_stage_fingerprint
-    monkeypatch.setattr(context_lifecycle, "first_stage_fingerprint", lambda *a: reads.append(1) or original(*a))
-    adapter = engine.model.contextual_module.second_adapter
-    states = adapter.context_states
-    monkeypatch.setattr(adapter, "context_states", lambda *a: computed.append(1) or states(*a))
-    first = [engine.embed(SHORT_DOCS, "query", c).embeddings for c in contexts]
-    for _ in range(2):
-        for context, embedded in zip(contexts, first):
-            assert np.array_equal(engine.embed(SHORT_DOCS, "query", context).embeddings, embedded)
-    assert reads == []  # a switch re-reads no first-stage weight
-    assert len(computed) == 2  # contexts[0]'s were made by the warm-up; each other context's once, then kept
-    stats = engine.cache_stats()
-    assert stats.contexts == 3 and stats.evictions == 0 and stats.bytes > 0
-    engine.close()
-
-
-def test_a_budget_keeps_the_most_recently_used_contexts(cde_dir, monkeypatch):
-    engine = Engine(ContextualSentenceTransformer(cde_dir), served_name="tiny-cde")
-    contexts = [engine.make_context(f"c{i}", TOPIC_DOCS, None, seed=i) for i in range(3)]
-    engine.embed(["warm"], "query", contexts[0])
-    one = engine.cache_stats().bytes
-    engine.close()
-    engine = Engine(ContextualSentenceTransformer(cde_dir), served_name="tiny-cde", context_cache_bytes=2 * one)
-    computed = []
-    adapter = engine.model.contextual_module.second_adapter
-    states = adapter.context_states
-    monkeypatch.setattr(adapter, "context_states", lambda *a: computed.append(1) or states(*a))
-    for context in contexts + contexts:  # round robin over three with room for two: every switch recomputes
-        engine.embed(["a query"], "query", context)
-    assert len(computed) == 6
-    assert engine.cache_stats().contexts == 2 and engine.cache_stats().evictions == 4
-    computed.clear()
-    for context in [contexts[1], contexts[2], contexts[1]]:  # the two most recent are kept
-        engine.embed(["a query"], "query", context)
-    assert computed == []
-    engine.close()
-
-
-def test_the_null_context_is_served_without_a_warning_or_warnings_state(engine, monkeypatch, recwarn):
-    touched = []
-    monkeypatch.setattr(warnings, "catch_warnings", lambda *a, **k: touched.append(1))  # not thread-safe
-    null = engine.embed(SHORT_DOCS, "query", None).embeddings
-    monkeypatch.undo()
-    assert touched == [] and not [w for w in recwarn if issubclass(w.category, UserWarning)]
-    empty = torch.zeros(0, engine.dimension)  # no vectors: every slot is the null vector
-    expected = engine.model.encode(SHORT_DOCS, prompt=engine.prompt_for("query"), context_vectors=empty)
-    assert np.abs(null - expected).max() <= 1e-5
-
-
 def test_an_engine_is_closed_explicitly_not_at_exit(cde_dir, monkeypatch):
     registered = []
     monkeypatch.setattr(atexit, "register", lambda *a, **k: registered.append(a))
@@ -109,13 +51,6 @@ def test_an_engine_is_closed_explicitly_not_at_exit(cde_dir, monkeypatch):
     assert registered == []
     engine.close()
     assert engine.model.contextual_module.weights_check.open_blocks == 0  # the scope it held is closed
-
-
-def test_non_finite_embeddings_are_never_answered(engine):
-    with torch.no_grad():
-        engine.model.contextual_module.null_vector.fill_(float("nan"))  # a broken model: NaN in every answer
-    with pytest.raises(NonFiniteEmbedding):
-        engine.embed(["a query"], "query", None)
 
 
 def test_a_creation_lets_embeddings_run_between_its_batches(cde_dir, monkeypatch):
@@ -145,20 +80,6 @@ def test_a_creation_lets_embeddings_run_between_its_batches(cde_dir, monkeypatch
     expected = engine.make_context("big", TOPIC_DOCS, None, seed=1)
     assert made.fingerprint == expected.fingerprint and torch.equal(made.vectors, expected.vectors)
     engine.close()
-
-
-def test_switching_contexts_between_batches_changes_nothing(engine, cde_model):
-    topics = engine.make_context("topics", TOPIC_DOCS, None, seed=0)
-    short = engine.make_context("short", SHORT_DOCS, 5, seed=1)
-    first = engine.embed(SHORT_DOCS, "query", topics).embeddings
-    other = engine.embed(SHORT_DOCS, "query", short).embeddings
-    none = engine.embed(SHORT_DOCS, "query", None).embeddings  # the null context
-    again = engine.embed(SHORT_DOCS, "query", topics).embeddings
-    assert np.array_equal(first, again)
-    assert np.abs(first - other).max() > 1e-3 and np.abs(first - none).max() > 1e-3
-    prompt = cde_model.prompts["query"]
-    assert np.abs(first - cde_model.encode(SHORT_DOCS, prompt=prompt, context_vectors=topics.vectors)).max() <= 1e-5
-    assert np.abs(other - cde_model.encode(SHORT_DOCS, prompt=prompt, context_vectors=short.vectors)).max() <= 1e-5
 
 
 def test_prompts_tokens_and_truncation(engine, plain_dir):
@@ -192,39 +113,3 @@ def test_identity_names_the_weights_not_the_dtype(cde_dir, plain_dir):
     assert Engine(plain_dir).identity != a.identity
     with pytest.raises(ValueError, match="dtype"):
         Engine(ContextualSentenceTransformer(cde_dir), dtype="int8")
-
-
-def test_batches_do_not_re_read_the_weights(engine, monkeypatch):
-    topics = engine.make_context("topics", TOPIC_DOCS, None, seed=0)
-    engine.embed(["warm"], "query", topics)
-    reads = []
-    original = context_attention.second_stage_fingerprint
-    monkeypatch.setattr(context_attention, "second_stage_fingerprint", lambda b: reads.append(1) or original(b))
-    first = engine.embed(SHORT_DOCS, "query", topics).embeddings
-    for _ in range(3):
-        assert np.array_equal(engine.embed(SHORT_DOCS, "query", topics).embeddings, first)
-    assert reads == []  # one weights check for the engine's life, not one per batch
-    engine.close()
-
-
-def test_a_context_let_go_frees_its_keys_values(cde_dir):
-    """A context the store drops (deleted, replaced, or removed by another replica's write) takes its keys/values
-    with it, instead of holding them until the budget pushes them out; a later context is never served with them."""
-    engine = Engine(ContextualSentenceTransformer(cde_dir), served_name="tiny-cde")
-    contexts = [engine.make_context(f"c{i}", TOPIC_DOCS, None, seed=i) for i in range(3)]
-    for context in contexts:
-        engine.embed(["a query"], "query", context)
-    full = engine.cache_stats()
-    assert full.contexts == 3
-    del contexts[0]  # not the active one
-    gc.collect()
-    engine.embed(["a query"], "query", contexts[0])  # the next switch drops what was let go
-    assert (engine.cache_stats().contexts, engine.cache_stats().bytes) == (2, full.bytes * 2 // 3)
-    replacement = engine.make_context("c1", SHORT_DOCS, None, seed=9)
-    expected = engine.embed(SHORT_DOCS, "query", replacement).embeddings
-    contexts[0] = replacement  # c1 replaced: the old object let go
-    gc.collect()
-    engine.embed(["a query"], "query", contexts[1])
-    assert engine.cache_stats().contexts == 2  # c2 and the replacement
-    assert np.array_equal(engine.embed(SHORT_DOCS, "query", replacement).embeddings, expected)
-    engine.close()
