@@ -1,6 +1,6 @@
-"""Embedding a shard's texts as ``encode_document`` does, with the corpus context as vectors: in process or in a
-multi-process pool alike, the caller's context put back, the document prompt found as sentence-transformers finds
-it, and a context refused where it does not belong."""
+"""Embedding a shard's texts as ``encode_document`` does, with the corpus context as vectors, the caller's context
+put back, the document prompt found as sentence-transformers finds it, and a context refused where it does not
+belong."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ from cde_st.corpus.encoders import DocumentEncoder, document_prompt
 TEXTS = TEXTS[:24]
 
 
-def test_the_pool_encoder_equals_the_in_process_one_and_puts_the_context_back(tiny_cde):
+def test_the_encoder_embeds_with_the_context_given_and_puts_the_callers_back(tiny_cde):
+    # A pool of workers embeds as this process does: test_job embeds a corpus with two workers and without.
     tiny_cde.set_context(TEXTS[:10])
     own = tiny_cde.contextual_module.context_vectors.clone()
     vectors = np.random.default_rng(0).normal(size=(8, 32)).astype(np.float32)
     with DocumentEncoder(tiny_cde, vectors, batch_size=4) as encoder:
         local = encoder(TEXTS)
-    with DocumentEncoder(tiny_cde, vectors, devices=["cpu", "cpu"], batch_size=4) as encoder:
-        pooled = encoder(TEXTS)
-    np.testing.assert_allclose(pooled, local, atol=1e-6)
+        assert encoder.encode_shards([TEXTS[:5], TEXTS[5:]])[1].shape == (len(TEXTS) - 5, 32)
     np.testing.assert_allclose(local, tiny_cde.encode_document(TEXTS, context_vectors=vectors), atol=1e-6)
+    assert np.abs(local - tiny_cde.encode_document(TEXTS)).max() > 1e-5  # the model's own context gives others
     assert np.array_equal(tiny_cde.contextual_module.context_vectors.numpy(), own.numpy())
 
 
