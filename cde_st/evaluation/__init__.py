@@ -8,8 +8,9 @@ The public entry point is :func:`evaluate_model` (``eval/run_mteb.py`` is a comm
 - ``local_folders``: the five local formats and what a folder holds; ``local_tasks``: local folders -> mteb tasks;
   ``task_registry``: the published mteb task a local folder copies; ``identical_ids``: the rule for query ids that
   are also corpus ids. Files are read by :mod:`cde_st.data`.
-- ``pools``: the context pool of each task type and the context plan of a run; ``model_context``: setting J
-  documents as the model's context; ``prefixes``: task prefixes; ``wrapper``: the mteb encoder wrapper.
+- ``pools``: the context pool of each task type and the context plan of a run; ``random_corpus``: the foreign
+  documents of ``context="random"``; ``model_context``: setting J documents as the model's context; ``prefixes``:
+  task prefixes; ``wrapper``: the mteb encoder wrapper.
 - ``beir_search``: beir's exact search with the corpus context (:class:`ContextualExactSearch`, needs
   ``pip install 'cde_st[beir]'``); ``evaluators``: in-training sentence-transformers evaluators that score a
   contextual model with a corpus context.

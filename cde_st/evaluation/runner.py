@@ -3,15 +3,16 @@
 ``eval/run_mteb.py`` and ``cde-st-eval`` are thin command lines over it (the trainer scores with the in-training
 evaluators of :mod:`~cde_st.evaluation.evaluators` instead). For each context size J of the run, a
 :class:`~cde_st.evaluation.wrapper.ContextualEncoderWrapper` (task prefixes, the context plan of
-:mod:`~cde_st.evaluation.pools`) is handed to ``mteb.evaluate`` task by task; tasks come from
-:mod:`~cde_st.evaluation.tasks`, the model from :mod:`~cde_st.model_loading` and its result name from
-:mod:`~cde_st.evaluation.models`, cached results are checked by :mod:`~cde_st.evaluation.provenance` and
-summaries written by :mod:`~cde_st.evaluation.report`.
+:mod:`~cde_st.evaluation.pools`) is handed to ``mteb.evaluate`` task by task. Per task/subset/split the context is
+sampled from the task's own pool, seeded and without replacement, prefixed with the task's document prefix and
+embedded once; mteb's evaluator scores it (``context="random"``: from foreign documents,
+:mod:`~cde_st.evaluation.random_corpus`). Tasks come from :mod:`~cde_st.evaluation.tasks`, the model from
+:mod:`~cde_st.model_loading` and its result name from :mod:`~cde_st.evaluation.models`, cached results are checked
+by :mod:`~cde_st.evaluation.provenance` and summaries written by :mod:`~cde_st.evaluation.report`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import warnings
@@ -22,13 +23,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from cde_st.context import check_seed, sample_context
-from cde_st.data import document_text, read_jsonl
+from cde_st.context import check_seed
 from cde_st.evaluation.model_context import context_sizes, is_contextual_model
 from cde_st.evaluation.models import build_model_meta, default_model_name, weights_revision
-from cde_st.evaluation.pools import CONTEXT_MODES, ContextPlan, context_pool, unique_texts
+from cde_st.evaluation.pools import CONTEXT_MODES, ContextPlan
 from cde_st.evaluation.prefixes import TaskPrefixes
 from cde_st.evaluation.provenance import check_cached, record_provenance, task_provenance
+from cde_st.evaluation.random_corpus import foreign_pool
 from cde_st.evaluation.report import (
     TaskScore,
     plot_sweep,
@@ -42,7 +43,6 @@ from cde_st.evaluation.report import (
 from cde_st.evaluation.tasks import (
     TaskDataError,
     UnknownTaskError,
-    first_subset_split,
     load_task_data,
     resolve_task,
 )
@@ -59,49 +59,12 @@ __all__ = [
     "UnknownTaskError",
     "evaluate_model",
     "load_model",
-    "load_text_corpus",
     "resolve_task",
 ]
 
 
 #: Where :func:`evaluate_model` and ``cde-st-eval`` write by default (mteb results and summaries beneath it).
 DEFAULT_OUTPUT_DIR = "outputs/mteb"
-
-
-#: File names ``random_corpus`` reads as files (a missing one is a missing file, not an unknown task).
-_CORPUS_FILE_SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".json", ".gz")
-
-
-def load_text_corpus(spec: str | Path | Sequence[str], data_dir: str | Path | None = None) -> tuple[list[str], str]:
-    """Documents of a "random" context corpus and a short name for it: a list of texts; a ``.txt`` (one document
-    per line) or ``.jsonl[.gz]`` file (``text`` field, with ``title`` prepended when present); or a local task /
-    folder, whose context pool (for its first subset and split) is the corpus."""
-    if not isinstance(spec, (str, Path)):
-        texts = unique_texts(spec)
-        digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:8]
-        return texts, f"texts-{digest}"
-    path = Path(spec).expanduser()
-    if not path.exists() and path.name.endswith(_CORPUS_FILE_SUFFIXES):
-        raise FileNotFoundError(
-            f"random_corpus (--random-corpus) {str(spec)!r}: no such file ({path.resolve()}). Give an existing .txt "
-            "(one document per line) or .jsonl[.gz] file, a local task folder, or a task name."
-        )
-    if path.is_file():
-        if path.suffix == ".txt":
-            texts = unique_texts(path.read_text(encoding="utf-8").splitlines())
-        else:
-            rows = read_jsonl(path, ["text"], optional=["title"])
-            texts = unique_texts(document_text(r.get("title", ""), r["text"]) for r in rows)
-        return texts, path.name
-    try:
-        task = resolve_task(str(spec), data_dir)
-    except UnknownTaskError as err:
-        raise UnknownTaskError(
-            f"random_corpus (--random-corpus) {str(spec)!r} is not a file, a folder or a task. {err}"
-        ) from None
-    load_task_data(task, data_dir)
-    texts = context_pool(task, *first_subset_split(task))
-    return texts, task.metadata.name
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -194,9 +157,6 @@ def evaluate_model(
 ) -> EvaluationReport:
     """Evaluate a (contextual or plain) sentence-transformers model on mteb tasks and local task folders.
 
-    Per task/subset/split the context is sampled from the task's own pool (:mod:`cde_st.evaluation.pools`), seeded
-    and without replacement, prefixed with the task's document prefix and embedded once; mteb's evaluator scores it.
-
     Args:
         model: a ``SentenceTransformer`` (e.g. ``ContextualSentenceTransformer``), or a model folder / hub id (loaded
             on ``device``, with ``backend`` and ``onnx_file``: :func:`~cde_st.model_loading.load_model`).
@@ -219,10 +179,9 @@ def evaluate_model(
         overwrite: re-run tasks whose results exist in ``output_dir`` (False: reuse a cached result only when it was
             computed on the same data, context documents and scoring settings, else re-run with a warning saying why;
             ``RunResult.cache_notes`` records which).
-        identical_ids: retrieval: whether a corpus document whose id is the query's own id counts among its results.
-            ``"auto"``: the mteb task's setting (local folders named after an mteb task take that task's); other local
-            folders: ignored only when the queries are corpus documents (ArguAna, Quora), kept when ids merely
-            coincide. ``"ignore"`` / ``"keep"`` force it; the rule and why: :attr:`EvaluationReport.task_settings`.
+        identical_ids: retrieval: whether a corpus document whose id is the query's own id counts among its results:
+            ``"auto"`` (the task's own rule, :mod:`~cde_st.evaluation.identical_ids`), ``"ignore"`` or ``"keep"``;
+            the rule used and why: :attr:`EvaluationReport.task_settings`.
 
     Returns an :class:`EvaluationReport` (scores per run and task, mteb ``TaskResult`` objects, files written).
 
@@ -231,10 +190,9 @@ def evaluate_model(
         >>> report.score("scifact", context_size=64)  # doctest: +SKIP
     """
     resolved = _checked_tasks(tasks, context, context_seed, data_dir, eval_splits, identical_ids)
-    spec = model if isinstance(model, (str, Path)) else None
-    model = _loaded_model(model, max_seq_length, device=device, backend=backend, onnx_file=onnx_file)
-    model_name = model_name or default_model_name(model, spec)
-    revision = revision or weights_revision(model)
+    model, model_name, revision = _named_model(
+        model, max_seq_length, model_name, revision, device=device, backend=backend, onnx_file=onnx_file
+    )
     wrappers, runs = _plan_runs(
         model, resolved, model_name, revision, context, context_size, context_seed, random_corpus, data_dir,
         prefixes, prefix_overrides, identical_ids,
@@ -242,10 +200,7 @@ def evaluate_model(
     task_settings = _evaluate_tasks(
         resolved, wrappers, runs, data_dir, output_dir, overwrite, batch_size, show_progress_bar, model_name
     )
-    report = EvaluationReport(model_name=model_name, revision=revision, runs=runs, task_settings=task_settings)
-    if output_dir is not None:
-        report.files = _write_reports(report, Path(output_dir).expanduser())
-    return report
+    return _report(model_name, revision, runs, task_settings, output_dir)
 
 
 def _checked_tasks(
@@ -267,13 +222,17 @@ def _checked_tasks(
     return resolved
 
 
-def _loaded_model(model: Any, max_seq_length: int | None, **options: Any) -> Any:
-    """The model (loaded when given by name, with ``options``: :func:`load_model`), with this run's token limit."""
-    if isinstance(model, (str, Path)):
+def _named_model(
+    model: Any, max_seq_length: int | None, model_name: str | None, revision: str | None, **options: Any
+) -> tuple[Any, str, str]:
+    """The model (loaded when given by name, with ``options``: :func:`load_model`), with this run's token limit, and
+    the name and revision results give it (``model_name`` / ``revision`` when given)."""
+    spec = model if isinstance(model, (str, Path)) else None
+    if spec is not None:
         model = load_model(model, **options)
     if max_seq_length is not None:  # e.g. score models trained at different lengths at one length
         model.max_seq_length = max_seq_length
-    return model
+    return model, model_name or default_model_name(model, spec), revision or weights_revision(model)
 
 
 def _plan_runs(
@@ -298,7 +257,7 @@ def _plan_runs(
     task_prefixes = TaskPrefixes().with_overrides(prefix_overrides) if use_prefixes else None
     random_pool, random_name = None, None
     if mode == "random":
-        random_pool, random_name = _random_pool(resolved, random_corpus, data_dir, max(sizes), context_seed)
+        random_pool, random_name = foreign_pool(resolved, random_corpus, data_dir, max(sizes), context_seed)
     runs: list[RunResult] = []
     wrappers = []
     for size in sizes:
@@ -412,31 +371,14 @@ def _evaluate_task(
     )
 
 
-def _random_pool(tasks: list[Any], random_corpus: Any, data_dir: Any, max_size: int, seed: int):
-    """The foreign-document function of ``context="random"`` and its name for the results."""
-    if random_corpus is not None:
-        texts, name = load_text_corpus(random_corpus, data_dir)
-        return (lambda _task: texts), name
-    if len(tasks) < 2:
-        raise ValueError(
-            "context='random' takes documents from the other tasks of the run, but there is only one task; "
-            "give a fixed foreign corpus with random_corpus= (--random-corpus)."
-        )
-    # A bounded seeded sample of every task's pool, read once up front; the random context of task T is then
-    # drawn from the samples of all *other* tasks.
-    samples: dict[str, list[str]] = {}
-    for task in tasks:
-        was_loaded = task.data_loaded
-        load_task_data(task, data_dir)
-        pool = context_pool(task, *first_subset_split(task))
-        samples[task.metadata.name] = sample_context(pool, min(len(pool), max_size), seed)
-        if not was_loaded:
-            task.unload_data()
-
-    def others(task_name: str) -> list[str]:
-        return unique_texts(t for name, texts in samples.items() if name != task_name for t in texts)
-
-    return others, "other-tasks"
+def _report(
+    model_name: str, revision: str, runs: list[RunResult], task_settings: dict[str, dict[str, str]], output_dir: Any
+) -> EvaluationReport:
+    """The run's :class:`EvaluationReport`, its summaries written under ``output_dir`` (None: nothing written)."""
+    report = EvaluationReport(model_name=model_name, revision=revision, runs=runs, task_settings=task_settings)
+    if output_dir is not None:
+        report.files = _write_reports(report, Path(output_dir).expanduser())
+    return report
 
 
 def _slug(text: str) -> str:

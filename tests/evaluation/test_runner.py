@@ -13,6 +13,7 @@ from evaluation_helpers import (
 from cde_st.context import sample_context
 from cde_st.evaluation import runner
 from cde_st.evaluation.pools import context_pool
+from cde_st.evaluation.random_corpus import foreign_pool, load_text_corpus
 
 
 def test_end_to_end_plain_model(data_dir, tmp_path, tiny_plain_model):
@@ -139,7 +140,7 @@ def test_contextual_context_changes_scores_and_random_mode(data_dir, tmp_path, m
     assert random_run.runs[0].experiment_kwargs["random_corpus"] == "other-tasks"
     # the random context of a task comes from the other tasks' pools only
     sts, clu = loaded(data_dir / "sts" / "tinysts"), loaded(data_dir / "clustering" / "tinyclu")
-    foreign, name = runner._random_pool([sts, clu], None, data_dir, max_size=8, seed=0)
+    foreign, name = foreign_pool([sts, clu], None, data_dir, max_size=8, seed=0)
     assert name == "other-tasks"
     assert set(foreign("tinysts")) <= set(context_pool(clu, "default", "test"))
     assert set(foreign("tinyclu")) <= set(context_pool(sts, "default", "test"))
@@ -183,9 +184,9 @@ def test_random_corpus_and_context_seed_errors_name_the_option(data_dir, tmp_pat
     """a missing --random-corpus file was reported as an unknown task; --context-seed -1 as a numpy
     error naming no option."""
     with pytest.raises(FileNotFoundError, match=r"random_corpus \(--random-corpus\) '.*missing.jsonl': no such file"):
-        runner.load_text_corpus(str(tmp_path / "missing.jsonl"), data_dir)
+        load_text_corpus(str(tmp_path / "missing.jsonl"), data_dir)
     with pytest.raises(runner.UnknownTaskError, match=r"random_corpus \(--random-corpus\) 'nosuchtask'"):
-        runner.load_text_corpus("nosuchtask", data_dir)
+        load_text_corpus("nosuchtask", data_dir)
     with pytest.raises(ValueError, match=r"context_seed \(--context-seed\) must be an integer in \[0, 2\*\*32\)"):
         runner.evaluate_model(tiny_plain_model, ["tinyret"], data_dir=data_dir, context_seed=-1, output_dir=None)
     from cde_st.cli import eval_run
