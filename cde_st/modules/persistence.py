@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from safetensors.torch import save_model
@@ -140,6 +141,29 @@ def load_module(
     def find(name: str) -> str | None:
         return load_file_path(model_name_or_path, name, **hub)
 
+    config_path = _config_path(find, model_name_or_path, subfolder)
+    saved = read_config_file(config_path)
+    dtype = resolve_dtype(dtype, saved["second_stage_config"])
+    tokenizer_dir = cls.load_dir_path(model_name_or_path, **hub)
+    module = build_module(cls, saved, load_tokenizer(tokenizer_dir), config_path, attn_implementation)
+    weights = find("model.safetensors") or find("pytorch_model.bin")
+    load_checked_weights(module, weights, config_path, tokenizer_dir)
+    if dtype is not None:
+        module.to(dtype)  # before the context is restored: the saved context vectors stay float32
+    context_used = _restore_context(module, find, os.path.join(model_name_or_path, subfolder), saved, config_path)
+    # Last, once each file has passed its own checks: the files were written together by one save.
+    check_manifest(find, [os.path.basename(weights), *context_used])
+    if backend == "onnx":
+        if dtype is not None:
+            raise ValueError("model_kwargs dtype does not apply to backend='onnx': the exported graphs are float32.")
+        module.runtime = OnnxRuntime.open(tokenizer_dir, module, **runtime_options)
+        module.eval()  # the graphs have no training mode
+    return module
+
+
+def _config_path(find: Callable[[str], str | None], model_name_or_path: str, subfolder: str) -> str:
+    """The folder's ``cde_config.json``, or an error that says why there is none to read (a folder the user may
+    not read is told apart from one that is no cde_st model)."""
     config_path = find(CONFIG_FILE)
     folder = os.path.join(model_name_or_path, subfolder)
     if config_path is None and os.path.isdir(folder) and not os.access(folder, os.R_OK | os.X_OK):
@@ -149,16 +173,16 @@ def load_module(
         )
     if config_path is None:
         raise FileNotFoundError(f"No {CONFIG_FILE} in {model_name_or_path!r}: not a cde_st model.")
-    saved = read_config_file(config_path)
-    dtype = resolve_dtype(dtype, saved["second_stage_config"])
-    tokenizer_dir = cls.load_dir_path(model_name_or_path, **hub)
-    module = build_module(cls, saved, load_tokenizer(tokenizer_dir), config_path, attn_implementation)
-    weights = find("model.safetensors") or find("pytorch_model.bin")
-    load_checked_weights(module, weights, config_path, tokenizer_dir)
-    if dtype is not None:
-        module.to(dtype)  # before the context is restored: the saved context vectors stay float32
+    return config_path
+
+
+def _restore_context(
+    module: Any, find: Callable[[str], str | None], folder: str, saved: dict[str, Any], config_path: str
+) -> list[str]:
+    """Make the saved context (checked against ``cde_config.json``'s ``context_info``) the module's active context;
+    the file names the save's record must list for it (none without a saved context)."""
     context_path = find(CONTEXT_FILE)
-    expected_path = os.path.join(model_name_or_path, subfolder, CONTEXT_FILE)
+    expected_path = os.path.join(folder, CONTEXT_FILE)
     context_info = saved.get("context_info")
     validate = module.validate_context_vectors
     restored = read_context_file(
@@ -166,17 +190,7 @@ def load_module(
     )
     if restored is not None:
         module.restore_context((*restored, None))  # (vectors, info, texts) of the current weights
-    # Last, once each file has passed its own checks: the files were written together by one save.
-    used = [os.path.basename(weights)]
-    if context_path is not None and context_info is not None:
-        used.append(CONTEXT_FILE)
-    check_manifest(find, used)
-    if backend == "onnx":
-        if dtype is not None:
-            raise ValueError("model_kwargs dtype does not apply to backend='onnx': the exported graphs are float32.")
-        module.runtime = OnnxRuntime.open(tokenizer_dir, module, **runtime_options)
-        module.eval()  # the graphs have no training mode
-    return module
+    return [CONTEXT_FILE] if context_path is not None and context_info is not None else []
 
 
 def load_tokenizer(tokenizer_dir: str) -> PreTrainedTokenizerBase:
