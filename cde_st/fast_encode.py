@@ -314,32 +314,61 @@ def encode_fast(
     _check_arguments(model, kind, batch_size, batch_tokens, chunk_size, precision, kwargs)
     single = isinstance(inputs, str)
     texts = [inputs] if single else (inputs.tolist() if isinstance(inputs, np.ndarray) else list(inputs))
-    convert_to_numpy = convert_to_numpy and not convert_to_tensor
     prompt = _resolve_prompt(model, kind, prompt_name, prompt)
     call_kwargs = dict(kwargs) if kind == "text" else {**kwargs, "task": kind}
-    truncate_dim = model.truncate_dim if truncate_dim is None else truncate_dim
+    encode_options = _encode_options(
+        model, show_progress_bar, precision, convert_to_numpy, convert_to_tensor, normalize_embeddings, truncate_dim
+    )
+    options = _fast_options(model, call_kwargs, encode_options, batch_size, batch_tokens, chunk_size, pin_memory)
+    embeddings = _embed_or_none(model, kind, texts, prompt, options)
+    if embeddings is _FALL_BACK:
+        return model.encode(inputs, prompt=prompt, batch_size=batch_size, **encode_options, **call_kwargs)
+    convert_to_numpy = encode_options["convert_to_numpy"]
+    output = _as_output(embeddings, model.device, precision, convert_to_numpy, convert_to_tensor)
+    return output[0] if single else output
+
+
+def _encode_options(
+    model: SentenceTransformer,
+    show_progress_bar: bool | None,
+    precision: str,
+    convert_to_numpy: bool,
+    convert_to_tensor: bool,
+    normalize_embeddings: bool,
+    truncate_dim: int | None,
+) -> dict[str, Any]:
+    """``encode``'s own options of this call, with its defaults resolved as ``encode`` resolves them: a progress bar
+    at INFO or DEBUG logging, the model's ``truncate_dim``, numpy only without ``convert_to_tensor``."""
     if show_progress_bar is None:
         show_progress_bar = logger.getEffectiveLevel() in (logging.INFO, logging.DEBUG)
-    encode_options = dict(
+    return dict(
         show_progress_bar=show_progress_bar,
         precision=precision,
-        convert_to_numpy=convert_to_numpy,
+        convert_to_numpy=convert_to_numpy and not convert_to_tensor,
         convert_to_tensor=convert_to_tensor,
         normalize_embeddings=normalize_embeddings,
-        truncate_dim=truncate_dim,
+        truncate_dim=model.truncate_dim if truncate_dim is None else truncate_dim,
     )
-    options = dict(
+
+
+def _fast_options(
+    model: SentenceTransformer,
+    call_kwargs: dict[str, Any],
+    encode_options: dict[str, Any],
+    batch_size: int,
+    batch_tokens: int | None,
+    chunk_size: int,
+    pin_memory: bool | None,
+) -> dict[str, Any]:
+    """What the fast path reads: the forward's keywords (``call_kwargs``), how to cut and pack the batches, and the
+    finishing of ``encode_options`` (progress bar, truncation, normalisation)."""
+    return dict(
         kwargs=call_kwargs,
         batch_size=batch_size,
         batch_tokens=batch_tokens,
         chunk_size=max(chunk_size, batch_size),
         pin_memory=model.device.type == "cuda" if pin_memory is None else pin_memory,
-        show_progress_bar=show_progress_bar,
-        truncate_dim=truncate_dim,
-        normalize=normalize_embeddings,
+        show_progress_bar=encode_options["show_progress_bar"],
+        truncate_dim=encode_options["truncate_dim"],
+        normalize=encode_options["normalize_embeddings"],
     )
-    embeddings = _embed_or_none(model, kind, texts, prompt, options)
-    if embeddings is _FALL_BACK:
-        return model.encode(inputs, prompt=prompt, batch_size=batch_size, **encode_options, **call_kwargs)
-    output = _as_output(embeddings, model.device, precision, convert_to_numpy, convert_to_tensor)
-    return output[0] if single else output
