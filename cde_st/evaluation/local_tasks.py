@@ -288,16 +288,9 @@ def load_local_task(
     """
     folder, kind = _checked_folder(folder, kind, identical_ids)
     name = name or folder.name
-    if twin is None:
-        twin_name, hf_subset = MTEB_TWINS.get(folder.name) or registry_twin(folder.name, kind) or ("", "default")
-    else:
-        twin_name, _, hf_subset = twin.partition(":")
-        hf_subset = hf_subset or "default"
-
+    twin_name, hf_subset = _twin(folder.name, kind, twin)
     split_files = TWIN_SPLIT_FILES.get(folder.name) if twin is None and twin_name else None
-    present = available_splits(folder, kind)
-    if split_files:  # an mteb split counts as present when one of its files is
-        present = sorted(set(present) | {s for s, files in split_files.items() if set(files) & set(present)})
+    present = _present_splits(folder, kind, split_files)
     dataset = {"path": str(folder), "revision": f"local-{folder_fingerprint(folder)}"}
     if twin_name:
         base, metadata = _twin_metadata(twin_name, hf_subset, kind, name, folder, dataset)
@@ -326,6 +319,24 @@ def load_local_task(
     if kind == "retrieval":
         set_local_rule(task, identical_ids, twin_name)
     return task
+
+
+def _twin(folder_name: str, kind: str, twin: str | None) -> tuple[str, str]:
+    """The mteb task whose definition a folder reuses and its subset: ``twin`` (``"Name"`` or ``"Name:subset"``)
+    when given, else :data:`MTEB_TWINS` by folder name, else :func:`registry_twin`; ``("", "default")``: none."""
+    if twin is None:
+        return MTEB_TWINS.get(folder_name) or registry_twin(folder_name, kind) or ("", "default")
+    twin_name, _, hf_subset = twin.partition(":")
+    return twin_name, hf_subset or "default"
+
+
+def _present_splits(folder: Path, kind: str, split_files: dict[str, tuple[str, ...]] | None) -> list[str]:
+    """The splits ``folder`` holds; with a twin's ``split_files``, an mteb split counts as present when one of its
+    files is."""
+    present = available_splits(folder, kind)
+    if split_files:
+        present = sorted(set(present) | {s for s, files in split_files.items() if set(files) & set(present)})
+    return present
 
 
 def _checked_folder(folder: str | Path, kind: str | None, identical_ids: str) -> tuple[Path, str]:
