@@ -137,20 +137,7 @@ class TwoStageCachedLossMixin(CachedLossMixin):
         ranges = [_minibatch_ranges(feature, self._second_stage_chunk(feature)) for feature in features]
 
         # Step 1a: first stage without grad, chunk by chunk, remembering each chunk's RNG state.
-        context_vectors, context_ranges, context_states = None, [], []
-        if context_features is not None and context_features["input_ids"].shape[0] == 0:
-            context_vectors = self._embed_context(module, context_features)  # context dropout left no document
-        elif context_features is not None:
-            context_ranges = _minibatch_ranges(
-                context_features, self.context_mini_batch_size or _get_batch_size(context_features)
-            )
-            chunks = []
-            for begin, end in context_ranges:
-                minibatch = _create_minibatch(context_features, begin, end)
-                context_states.append(RandContext(*minibatch.values()) if grad_enabled else None)
-                with torch.no_grad():
-                    chunks.append(self._first_stage(module, minibatch))
-            context_vectors = torch.cat(chunks)  # (J', d)
+        context_vectors, context_ranges, context_states = self._first_stage_chunks(module, context_features)
 
         # Step 1b: second stage without grad, every column against those context vectors.
         reps, random_states = [], []
@@ -197,6 +184,26 @@ class TwoStageCachedLossMixin(CachedLossMixin):
         return loss
 
     # ------------------------------------------------------------------ first stage
+    def _first_stage_chunks(
+        self, module: ContextualTransformer | None, context_features: dict[str, Tensor] | None
+    ) -> tuple[Tensor | None, list[tuple[int, int]], list[RandContext | None]]:
+        """Step 1a of :meth:`_forward_cached`: the (J', d) context vectors, computed without grad chunk by chunk;
+        the chunks' row ranges and RNG states (None without grad), for the replay. No context: (None, [], [])."""
+        if context_features is None:
+            return None, [], []
+        if context_features["input_ids"].shape[0] == 0:  # context dropout left no document
+            return self._embed_context(module, context_features), [], []
+        context_ranges = _minibatch_ranges(
+            context_features, self.context_mini_batch_size or _get_batch_size(context_features)
+        )
+        chunks, context_states = [], []
+        for begin, end in context_ranges:
+            minibatch = _create_minibatch(context_features, begin, end)
+            context_states.append(RandContext(*minibatch.values()) if torch.is_grad_enabled() else None)
+            with torch.no_grad():
+                chunks.append(self._first_stage(module, minibatch))
+        return torch.cat(chunks), context_ranges, context_states  # (J', d)
+
     def _embed_context(self, module: ContextualTransformer, features: dict[str, Tensor]) -> Tensor:
         """First stage on a batch's context features; an empty context (context dropout) is (0, d)."""
         if features["input_ids"].shape[0] == 0:
