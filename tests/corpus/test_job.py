@@ -6,7 +6,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,9 +14,12 @@ import numpy as np
 import pytest
 import torch
 from corpus_helpers import DOCS, TEXTS, all_rows, write_jsonl
+from preloaded_python import start_python
 
 from cde_st.corpus import ForeignOutputError, embed_corpus, read_context_file, read_manifest
 from cde_st.data import DataError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_shards_hold_the_in_process_embeddings_with_the_recorded_context(tiny_cde, corpus_file, tmp_path):
@@ -159,12 +161,13 @@ embed_corpus(model, sys.argv[2], sys.argv[3], shard_size=50, batch_size=8, show_
 def test_resume_after_kill_9_at_mid_run_gives_the_uninterrupted_output(tiny_bert_dir, tmp_path, monkeypatch):
     docs = [{"_id": f"x{i}", "text": f"text {i} " + "word " * (i % 40)} for i in range(1500)]
     corpus = write_jsonl(tmp_path / "c.jsonl", docs)
-    (tmp_path / "job.py").write_text(JOB)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    def run(out: Path) -> subprocess.Popen:
-        command = [sys.executable, str(tmp_path / "job.py"), tiny_bert_dir, corpus, str(out)]
-        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    def run(out: Path):
+        # From the forkserver that imported sentence-transformers (a fresh interpreter where the environment asks
+        # for one); the repository root as working directory puts cde_st on the path of a "-c" program.
+        log = tmp_path / f"{out.name}-{time.monotonic_ns()}.log"
+        return start_python(["-c", JOB, tiny_bert_dir, corpus, str(out)], log=log, cwd=REPO, env=env), log
 
     # The uninterrupted output: the same job run in this process, on one thread like the job's processes.
     monkeypatch.setattr(sys, "argv", ["job.py", tiny_bert_dir, corpus, str(tmp_path / "whole")])
@@ -174,19 +177,20 @@ def test_resume_after_kill_9_at_mid_run_gives_the_uninterrupted_output(tiny_bert
         exec(compile(JOB, "job.py", "exec"), {"__name__": "__main__"})
     finally:
         torch.set_num_threads(threads)
-    job = run(tmp_path / "killed")
+    job, log = run(tmp_path / "killed")
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # kill once some shards are finished, none being the last
         manifest = read_manifest(tmp_path / "killed") if (tmp_path / "killed" / "manifest.json").exists() else None
         if manifest and len(manifest.get("shards", [])) >= 3:
             break
-        assert job.poll() is None, job.stderr.read().decode()
+        assert job.poll() is None, log.read_text()
         time.sleep(0.01)
     job.send_signal(signal.SIGKILL)
     job.wait(timeout=30)
     assert job.returncode == -signal.SIGKILL
     assert not read_manifest(tmp_path / "killed")["complete"]
-    assert run(tmp_path / "killed").wait(timeout=300) == 0
+    resumed, log = run(tmp_path / "killed")
+    assert resumed.wait(timeout=300) == 0, log.read_text()
     ids, embeddings = all_rows(tmp_path / "killed")
     whole_ids, whole = all_rows(tmp_path / "whole")
     assert ids == whole_ids == [d["_id"] for d in docs]

@@ -7,18 +7,19 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from corpus_helpers import DOCS, all_rows, write_jsonl
+from preloaded_python import start_python
 
 from cde_st.corpus import embed_corpus, read_manifest
 from cde_st.corpus.index import build_index, search_index
 from cde_st.corpus.update import update_corpus
 from cde_st.corpus.versions import PENDING_FILE, read_pending
+
+REPO = Path(__file__).resolve().parents[2]
 
 UPDATE = """
 import sys, torch
@@ -48,13 +49,13 @@ def test_kill_9_during_an_update_leaves_the_old_version_readable_and_a_rerun_fin
     new_docs = [{**d, "text": d["text"] + " edited"} for d in docs[10:]]
     new_docs += [{"_id": f"y{i}", "text": f"added {i}"} for i in range(20)]
     corpus = write_jsonl(tmp_path / "v2.jsonl", new_docs)
-    (tmp_path / "update.py").write_text(UPDATE)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(tmp_path / "update.py"), tiny_bert_dir, corpus, str(out)]
-    job = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # From the forkserver that imported sentence-transformers (a fresh interpreter where the environment asks for
+    # one); the repository root as working directory puts cde_st on the path of a "-c" program.
+    log, env = tmp_path / "update.log", {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = start_python(["-c", UPDATE, tiny_bert_dir, corpus, str(out)], log=log, cwd=REPO, env=env)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(_versions(out, 1)) < 3:  # kill once a few new shards are written
-        assert job.poll() is None, job.stderr.read().decode()
+        assert job.poll() is None, log.read_text()
         time.sleep(0.005)
     job.send_signal(signal.SIGKILL)
     job.wait(timeout=30)

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from preloaded_python import run_python
 from store_helpers import DOCS, embed, write_corpus
 
 pytest.importorskip("chromadb", reason="chromadb is not installed (pip install -e '.[chroma]')")
@@ -107,7 +106,7 @@ def test_a_fresh_process_queries_through_chromas_own_rebuild(stored):
         print(json.dumps([found["ids"][0], [1 - d for d in found["distances"][0]]]))
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = run_python(["-c", script], timeout=300)  # a new process, sentence-transformers imported beforehand
     assert done.returncode == 0, done.stderr[-2000:]
     ids, scores = json.loads(done.stdout.strip().splitlines()[-1])
     expected = search_index(folder, model, [QUERY], k=5)[0]
