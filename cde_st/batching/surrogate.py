@@ -223,12 +223,47 @@ def fit_static_surrogate(
     static = load_static_surrogate(model, cache_dir=cache_dir, device=device)
     loaded = time.perf_counter()
 
+    sample_queries, sample_documents = _fit_sample(queries, documents, fit_pairs, seed)
+    targets, max_seq_length = _teacher_targets(
+        model, sample_queries, sample_documents, fit_pairs, max_seq_length, device, encode_batch_size, show_progress_bar
+    )
+    taught = time.perf_counter()
+    fitted = static.fit_to(
+        sample_queries + sample_documents, targets, dims=dims, max_seq_length=max_seq_length, seed=seed
+    )
+    fitted.timings = {
+        "load_s": loaded - start,
+        "teacher_s": taught - loaded,
+        "fit_s": time.perf_counter() - taught,
+    }
+    return fitted
+
+
+def _fit_sample(
+    queries: Sequence[str], documents: Sequence[str], fit_pairs: int, seed: int
+) -> tuple[list[str], list[str]]:
+    """The pairs :func:`fit_static_surrogate` fits to, drawn with ``seed`` (in data order; a missing text is "")."""
     rng = np.random.default_rng(seed)
     # Without a teacher the sample only fits the PCA; its size then costs next to nothing.
     sample_size = min(len(queries), fit_pairs if fit_pairs > 0 else _PCA_SAMPLE_PAIRS)
     rows = np.sort(rng.choice(len(queries), sample_size, replace=False))
     sample_queries = ["" if queries[i] is None else queries[i] for i in rows]
     sample_documents = ["" if documents[i] is None else documents[i] for i in rows]
+    return sample_queries, sample_documents
+
+
+def _teacher_targets(
+    model: str | os.PathLike,
+    sample_queries: list[str],
+    sample_documents: list[str],
+    fit_pairs: int,
+    max_seq_length: int | None,
+    device: str | None,
+    encode_batch_size: int,
+    show_progress_bar: bool,
+) -> tuple[np.ndarray | None, int]:
+    """The transformer's embeddings of the sample, queries then documents (None with ``fit_pairs=0``), and the
+    token limit (``max_seq_length``, else the transformer's own; the transformer is loaded only when needed)."""
     targets = None
     if fit_pairs > 0 or max_seq_length is None:
         teacher = load_transformer_surrogate(model, device=device)
@@ -243,16 +278,7 @@ def fit_static_surrogate(
             show_progress_bar=show_progress_bar,
         )
         targets = np.concatenate([q_emb, d_emb])
-    taught = time.perf_counter()
-    fitted = static.fit_to(
-        sample_queries + sample_documents, targets, dims=dims, max_seq_length=max_seq_length, seed=seed
-    )
-    fitted.timings = {
-        "load_s": loaded - start,
-        "teacher_s": taught - loaded,
-        "fit_s": time.perf_counter() - taught,
-    }
-    return fitted
+    return targets, max_seq_length
 
 
 def embed_pairs(
