@@ -223,23 +223,9 @@ class StaticSurrogate:
             sample = features(slice(None), table)  # (n, D)
         projection = None
         if targets is not None:
-            targets = torch.nn.functional.normalize(torch.as_tensor(np.asarray(targets, dtype=np.float32)), dim=1)
-            if len(targets) != len(lengths):
-                raise ValueError(f"Got {len(targets)} target embeddings for {len(lengths)} texts.")
-            # Ridge regression (a small ridge keeps the solve stable for tokens the sample barely covers).
-            gram = sample.T @ sample + _RIDGE * torch.eye(width)
-            projection = torch.linalg.solve(gram, sample.T @ targets)  # (D, T)
-            if epochs > 0:
-                # Small ops, run on one thread: on a busy 2-core machine, where OpenMP threads spin waiting for each
-                # other, the fit of 4,096 pairs took 151 s on 2 threads and 8-11 s on one.
-                threads = torch.get_num_threads()
-                torch.set_num_threads(1)
-                try:
-                    table, projection = self._train(features, table, projection, targets, epochs, lr, batch_size, seed)
-                finally:
-                    torch.set_num_threads(threads)
-            with torch.no_grad():
-                sample = torch.nn.functional.normalize(features(slice(None), table) @ projection, dim=1)
+            table, projection, sample = self._fit_to_targets(
+                features, table, sample, targets, epochs, lr, batch_size, seed
+            )
         if dims is not None and dims < sample.shape[1]:
             with torch.no_grad():
                 _, _, components = torch.linalg.svd(sample - sample.mean(0), full_matrices=False)
@@ -253,6 +239,40 @@ class StaticSurrogate:
             max_seq_length=self.max_seq_length if max_seq_length is None else max_seq_length,
             source=self.source,
         )
+
+    @classmethod
+    def _fit_to_targets(
+        cls,
+        features: Any,
+        table: torch.Tensor,
+        sample: torch.Tensor,
+        targets: np.ndarray,
+        epochs: int,
+        lr: float,
+        batch_size: int,
+        seed: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The teacher fit of :meth:`fit_to`: the map from the (n, D) ``sample`` features to the normalised
+        ``targets`` by ridge regression, then the table and the map trained together; the trained table, the map
+        (D, T) and the sample's outputs (n, T) through them."""
+        targets = torch.nn.functional.normalize(torch.as_tensor(np.asarray(targets, dtype=np.float32)), dim=1)
+        if len(targets) != len(sample):
+            raise ValueError(f"Got {len(targets)} target embeddings for {len(sample)} texts.")
+        # Ridge regression (a small ridge keeps the solve stable for tokens the sample barely covers).
+        gram = sample.T @ sample + _RIDGE * torch.eye(sample.shape[1])
+        projection = torch.linalg.solve(gram, sample.T @ targets)  # (D, T)
+        if epochs > 0:
+            # Small ops, run on one thread: on a busy 2-core machine, where OpenMP threads spin waiting for each
+            # other, the fit of 4,096 pairs took 151 s on 2 threads and 8-11 s on one.
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                table, projection = cls._train(features, table, projection, targets, epochs, lr, batch_size, seed)
+            finally:
+                torch.set_num_threads(threads)
+        with torch.no_grad():
+            sample = torch.nn.functional.normalize(features(slice(None), table) @ projection, dim=1)
+        return table, projection, sample
 
     @staticmethod
     def _train(
