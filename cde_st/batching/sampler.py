@@ -222,14 +222,7 @@ class ClusteredBatchSampler(DefaultBatchSampler):
         self.cluster_size = checked_cluster_size(cluster_size, self.batch_size, num_rows)
         self.num_replicas, self.rank = checked_replicas(num_replicas, rank)
         domain_values = resolve_domains(dataset, domains, domain_dataset, domain_column, num_rows)
-        check_surrogate(surrogate, surrogate_kind, embeddings, static_fit_pairs, static_dims)
-        # What embeds the pairs (None: the default MiniLM); loaded only if the clustering is not cached.
-        self.surrogate = surrogate
-        self.surrogate_kind = "static" if isinstance(surrogate, StaticSurrogate) else surrogate_kind
-        self.static_fit_pairs = int(static_fit_pairs)
-        self.static_dims = int(static_dims)
-        if self.surrogate_kind == "static" and embeddings is None:
-            check_static_source(surrogate)
+        self._set_surrogate(surrogate, surrogate_kind, embeddings, static_fit_pairs, static_dims)
         label_columns = list(valid_label_columns or DEFAULT_LABEL_COLUMNS)
         embeddings = self._set_inputs(dataset, embeddings, query_column, document_column, label_columns, domain_column)
         self.cache_path: Path | None = None  # set by whichever process computes or loads the clustering
@@ -239,7 +232,32 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             cache_dir, show_progress_bar,
         )  # fmt: skip
         self.clustering = self._get_clustering(dataset, options, embeddings, domain_values)
-        self.batches = pack_clusters(
+        self.batches = self._packed_batches()
+        self._warned_padding = False
+
+    # ---- construction helpers ------------------------------------------------------------------------------
+
+    def _set_surrogate(
+        self,
+        surrogate: Any,
+        surrogate_kind: SurrogateKind,
+        embeddings: tuple[np.ndarray, np.ndarray] | None,
+        static_fit_pairs: int,
+        static_dims: int,
+    ) -> None:
+        """Check and set what embeds the pairs and how (a :class:`StaticSurrogate` given is used as one)."""
+        check_surrogate(surrogate, surrogate_kind, embeddings, static_fit_pairs, static_dims)
+        # What embeds the pairs (None: the default MiniLM); loaded only if the clustering is not cached.
+        self.surrogate = surrogate
+        self.surrogate_kind = "static" if isinstance(surrogate, StaticSurrogate) else surrogate_kind
+        self.static_fit_pairs = int(static_fit_pairs)
+        self.static_dims = int(static_dims)
+        if self.surrogate_kind == "static" and embeddings is None:
+            check_static_source(surrogate)
+
+    def _packed_batches(self) -> list[np.ndarray]:
+        """The clusters of :attr:`clustering` packed into batches of :attr:`batch_size` rows, in the cluster order."""
+        return pack_clusters(
             self.clustering.labels,
             self.clustering.centroids,
             self.batch_size,
@@ -247,9 +265,6 @@ class ClusteredBatchSampler(DefaultBatchSampler):
             order=self.order,
             seed=self.seed,
         )
-        self._warned_padding = False
-
-    # ---- construction helpers ------------------------------------------------------------------------------
 
     def _clustering_options(
         self,
