@@ -202,12 +202,7 @@ def embed_corpus(
             context, corpus content or reader field).
         FileExistsError: ``out_dir`` is a file, or a non-empty folder that no job wrote.
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}.")
-    if shard_size < 1 or batch_size < 1:
-        raise ValueError(f"shard_size and batch_size must be >= 1, got {shard_size} and {batch_size}.")
-    if ray_workers is not None and devices:
-        raise ValueError("give devices= (one machine's pool) or ray_workers= (Ray), not both.")
+    _check_options(dtype, shard_size, batch_size, devices, ray_workers)
     reader = CorpusReader(corpus_path, skip_invalid=skip_invalid, **(reader_options or {}))
     request = _context_request(model, context, context_size, seed)
     with OutputFolder(out_dir) as folder:
@@ -224,6 +219,18 @@ def embed_corpus(
             workers = {"ray_workers": ray_workers} if ray_workers is not None else {"devices": devices, "pool": pool}
             _write_shards(model, reader, out_dir, manifest, workers, batch_size, show_progress_bar)
         return manifest
+
+
+def _check_options(
+    dtype: str, shard_size: int, batch_size: int, devices: list[str] | None, ray_workers: int | None
+) -> None:
+    """A ValueError for options of :func:`embed_corpus` that cannot go together or are out of range."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}.")
+    if shard_size < 1 or batch_size < 1:
+        raise ValueError(f"shard_size and batch_size must be >= 1, got {shard_size} and {batch_size}.")
+    if ray_workers is not None and devices:
+        raise ValueError("give devices= (one machine's pool) or ray_workers= (Ray), not both.")
 
 
 #: What a rerun keeps of the folder's manifest besides its header: its version, where its files are, its history.
