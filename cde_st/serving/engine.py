@@ -1,9 +1,10 @@
-"""The served model: loading it, and the two things the server asks of it (embed a batch of texts with a context,
-embed a new context). Every forward runs in :attr:`Engine.executor`, one worker thread, so forwards never block the
-event loop and never run two at a time (a second forward would only split the same cores); with ``model_process``
-that thread hands embedding forwards to a child process (:mod:`cde_st.serving.model_process`). A new context's first
-stage runs there one batch at a time (:meth:`Engine.create_context`), so embedding batches queued meanwhile run
-between its batches instead of waiting for the whole context.
+"""The served model (loaded by name as every command loads one: :func:`cde_st.model_loading.load_model`) and the two
+things the server asks of it (embed a batch of texts with a context, embed a new context). Every forward runs in
+:attr:`Engine.executor`, one worker thread, so forwards never block the event loop and never run two at a time (a
+second forward would only split the same cores); with ``model_process`` that thread hands embedding forwards to a
+child process (:mod:`cde_st.serving.model_process`). A new context's first stage runs there one batch at a time
+(:meth:`Engine.create_context`), so embedding batches queued meanwhile run between its batches instead of waiting
+for the whole context.
 
 The forwards themselves, the contexts' switching and their keys/values kept under a byte budget, are
 :class:`~cde_st.serving.forwards.Forwards`: what the engine runs here, and all a model process builds. The engine
@@ -14,7 +15,6 @@ contexts' creation and the forward-cost probes.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -26,13 +26,12 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
 
-from cde_st.backend_options import loading_kwargs
 from cde_st.context import ContextInfo
 from cde_st.context_errors import ContextTooLarge
 from cde_st.fingerprints import model_fingerprint
-from cde_st.model import ContextualSentenceTransformer, is_contextual
+from cde_st.model import is_contextual
+from cde_st.model_loading import load_model
 from cde_st.modules.first_stage_batches import in_input_order
-from cde_st.released import is_released_checkpoint, resolve_name
 from cde_st.serving import defaults
 from cde_st.serving.context_cache import CacheStats
 from cde_st.serving.contexts import DEFAULT_NAME, StoredContext
@@ -49,38 +48,6 @@ CREATION_YIELD = 2.0
 EMBEDDING_GAP = 0.05
 #: Probe forwards of :meth:`Engine.measure_forward_overhead`: 1 and this many texts of this many words.
 FORWARD_PROBE_TEXTS, FORWARD_PROBE_WORDS = 8, 24
-
-
-def _names_cde_module(name_or_path: str) -> bool:
-    """Whether a model location holds a cde_st model (its modules.json names a cde_st module) or a released CDE
-    checkpoint: those load as ContextualSentenceTransformer, anything else as a plain SentenceTransformer."""
-    name = resolve_name(name_or_path)
-    path = Path(name).expanduser()
-    modules_file = path / "modules.json" if path.is_dir() else None
-    if modules_file is None and name.count("/") == 1 and not path.exists():
-        try:
-            from huggingface_hub import hf_hub_download
-
-            modules_file = Path(hf_hub_download(name, "modules.json"))
-        except Exception:  # no modules.json on the hub (or no hub): decided by the released check below
-            modules_file = None
-    if modules_file is not None and modules_file.is_file():
-        try:
-            modules = json.loads(modules_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            modules = []
-        if any(str(m.get("type", "")).startswith("cde_st") for m in modules if isinstance(m, dict)):
-            return True
-    return is_released_checkpoint(name)
-
-
-def load_model(
-    name_or_path: str, device: str | None = None, backend: str = "torch", onnx_file: str | None = None
-) -> SentenceTransformer:
-    options = {"device": device, **loading_kwargs(backend, onnx_file)}
-    if _names_cde_module(name_or_path):
-        return ContextualSentenceTransformer(name_or_path, **options)
-    return SentenceTransformer(name_or_path, **options)
 
 
 def _served_model(

@@ -343,10 +343,14 @@ def _checked_options(args: argparse.Namespace) -> str | None:
 
 def _engine(args: argparse.Namespace):
     """The served model's engine; a model process it cannot start (off the CPU, no room in shared memory) exits
-    naming the option."""
+    naming the option, a model that does not load (no such folder, not on the hub or not cached offline, a released
+    checkpoint's file missing) with the one-line error every command gives."""
+    from cde_st.command_line import EXPECTED_ERRORS, report_error
+    from cde_st.released import ReleasedCheckpointError
     from cde_st.serving.engine import Engine
     from cde_st.serving.model_process import ModelProcessFailed
 
+    expected = (ReleasedCheckpointError, ImportError, *EXPECTED_ERRORS)  # a model or an export that does not load
     try:
         return Engine(
             args.model,
@@ -362,8 +366,10 @@ def _engine(args: argparse.Namespace):
         )
     except ModelProcessFailed as exc:
         _fail(f"--model-process: {exc}")
-    except (ValueError, FileNotFoundError, ImportError) as exc:  # a model or an export that does not load
-        _fail(f"--model-process: {exc}" if args.model_process else str(exc))
+    except expected as exc:
+        if args.model_process:
+            _fail(f"--model-process: {exc}")
+        sys.exit(report_error(exc, expected, {"MODEL": args.model}, how="give a local model folder as MODEL"))
 
 
 def _raise_open_files_limit(connections: int) -> None:

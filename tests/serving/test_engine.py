@@ -15,7 +15,8 @@ from serving_helpers import MAX_SEQ_LENGTH
 
 from cde_st import ContextualSentenceTransformer
 from cde_st.context_errors import ContextTooLarge
-from cde_st.serving.engine import Engine, load_model
+from cde_st.model_loading import load_model
+from cde_st.serving.engine import Engine
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """``cde-st-serve``'s refusals before it serves: no serve extra, an unset API-key variable, bad limits, a state
-directory it cannot use; each one line ``error: ...``, exit status 2, as every cde_st command."""
+directory it cannot use, a model that does not load; each one line ``error: ...``, exit status 2, as every cde_st
+command."""
 
 from __future__ import annotations
 
@@ -42,3 +43,13 @@ def test_a_state_dir_that_cannot_be_used_is_named(cde_dir, tmp_path, capsys):
     not_a_folder.write_text("a file, not a directory")
     line = _refused([cde_dir, "--state-dir", str(not_a_folder), "--port", "0"], capsys)
     assert f"The state directory {not_a_folder} cannot be used" in line
+
+
+def test_a_model_that_does_not_load_is_named(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("fastapi")
+    monkeypatch.chdir(tmp_path)
+    line = _refused(["./no_such_model", "--port", "0"], capsys)
+    assert f"Model folder './no_such_model' does not exist (looked for {tmp_path / 'no_such_model'})" in line
+    # a hub id neither cached nor reachable (the tests run with HF_HUB_OFFLINE=1): named, with what to do instead
+    line = _refused(["someone/no-such-model", "--port", "0"], capsys)
+    assert "MODEL 'someone/no-such-model' is not in the local Hugging Face cache" in line
