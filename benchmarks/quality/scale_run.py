@@ -144,28 +144,8 @@ def write(out: Path, report: dict) -> None:
     (out / "scale_run.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=os.environ.get("OUT"))
-    parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--data", type=Path, help="folder or .tar.xz with pairs_wiki/, pairs/, retrieval/")
-    parser.add_argument("--model", type=Path, help="all-MiniLM-L6-v2 (sentence-transformers folder)")
-    parser.add_argument(
-        "--work", type=Path, help="working folder, emptied first (default: a temporary one); fixed for --cluster-only"
-    )
-    parser.add_argument(
-        "--cluster-only",
-        action="store_true",
-        help="stop once the pairs are clustered into the cache ($CDE_ST_CACHE): prepares the GPU run on a CPU",
-    )
-    parser.add_argument(
-        "--surrogate-kind",
-        choices=("static", "transformer"),
-        default="static",
-        help="what embeds the pairs for clustering (MiniLM either way): 'static' (its model2vec distillation fitted "
-        "to it) clusters the ~290k pairs on a 2-core CPU in minutes, where MiniLM itself takes hours there and "
-        "152 s of an H100",
-    )
+def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    """The run's time budget and how (d) and (cp) share it: the schedule's length, where to stop, the reserve."""
     parser.add_argument("--budget-s", type=float, default=400, help="the whole run, set-up and scoring included")
     parser.add_argument(
         "--eval-reserve-s", type=float, default=90, help="kept for scoring (d), (cp) and (a): 75 s on an H100"
@@ -198,6 +178,31 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="leave out the (a) rows, which do not depend on --seed (another seed's run: its time goes to training)",
     )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=os.environ.get("OUT"))
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--data", type=Path, help="folder or .tar.xz with pairs_wiki/, pairs/, retrieval/")
+    parser.add_argument("--model", type=Path, help="all-MiniLM-L6-v2 (sentence-transformers folder)")
+    parser.add_argument(
+        "--work", type=Path, help="working folder, emptied first (default: a temporary one); fixed for --cluster-only"
+    )
+    parser.add_argument(
+        "--cluster-only",
+        action="store_true",
+        help="stop once the pairs are clustered into the cache ($CDE_ST_CACHE): prepares the GPU run on a CPU",
+    )
+    parser.add_argument(
+        "--surrogate-kind",
+        choices=("static", "transformer"),
+        default="static",
+        help="what embeds the pairs for clustering (MiniLM either way): 'static' (its model2vec distillation fitted "
+        "to it) clusters the ~290k pairs on a 2-core CPU in minutes, where MiniLM itself takes hours there and "
+        "152 s of an H100",
+    )
+    add_schedule_arguments(parser)
     pooling = "(d)'s pooling: mean (the preset) or context (a token's weight from its corpus: what learned the corpus-"
     parser.add_argument(
         "--pooling", choices=["context", "mean"], default="context", help=pooling + "statistics benchmark)"
@@ -297,6 +302,16 @@ def score_zero_shot(args, report: dict, base: str, corpora: dict[str, Path]) -> 
         report["scores"]["(a) with the prompts"] = score(zero_shot, corpora, None, args.eval_batch_size, prefixes=True)
 
 
+def score_d(args, report: dict, model_d, corpora: dict[str, Path]) -> float:
+    """The (d) rows, one per J of ``--eval-sizes``; the seconds one of them took (to size the reserve of the rest)."""
+    with stage_of(report, "score_d"):
+        for j in args.eval_sizes:
+            results = score(model_d, corpora, j, args.eval_batch_size)
+            report["scores"][f"(d) J={j}"] = results
+            log(f"(d) J={j}: " + ", ".join(f"{k} {v['ndcg_at_k']:.2f}" for k, v in results.items()))
+    return report["stages_s"]["score_d"] / len(args.eval_sizes)
+
+
 def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs, work: Path, deadline: float):
     """(d), then (cp) stopped at (d)'s step, then the zero-shot rows; ``report`` is rewritten after each stage. A
     stage that fails is recorded and the run goes on, so that one call still returns every number it could measure."""
@@ -336,12 +351,7 @@ def train_and_score(args, report: dict, base: str, pairs: list[str], train_pairs
         log(f"(d) trained: {report['training']['(d)']}")
     write(args.out, report)
     if "(d)" in report["training"]:
-        with stage_of(report, "score_d"):
-            for j in args.eval_sizes:
-                results = score(model_d, corpora, j, args.eval_batch_size)
-                report["scores"][f"(d) J={j}"] = results
-                log(f"(d) J={j}: " + ", ".join(f"{k} {v['ndcg_at_k']:.2f}" for k, v in results.items()))
-        per_scoring = report["stages_s"]["score_d"] / len(args.eval_sizes)
+        per_scoring = score_d(args, report, model_d, corpora)
         del model_d
     free_memory()
     write(args.out, report)
