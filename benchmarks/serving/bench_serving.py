@@ -302,7 +302,7 @@ def planned_measurements(args: argparse.Namespace) -> list[tuple]:
     return measurements
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--texts", choices=["queries", "documents"], default="queries")
     p.add_argument("--models", nargs="+", choices=["cde", "bi", *BACKENDS], default=["cde", "bi"])
@@ -332,7 +332,11 @@ def main() -> None:
     )
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "cde_st_bench_serving"))
     context_rows.add_arguments(p)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if not SCIFACT.is_dir():
         sys.exit(f"SciFact not found at {SCIFACT} (../shared/data beside the checkout).")
     work = Path(args.work_dir)
