@@ -212,41 +212,14 @@ def _embed(server, texts: list[str], context: str = "default") -> np.ndarray:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads a process's children from /proc")
-def test_a_server_answers_through_its_model_process(cde_dir, cde_model, start_server, tmp_path):
-    pytest.importorskip("fastapi", reason="the server needs the serve extra (pip install -e '.[dev]')")
-    # A fresh `python -m cde_st.serving`, as users run it (the model process is spawned from that interpreter).
-    server = start_server(cde_dir, "--model-process", "--served-model-name", "tiny-cde",
-                          "--state-dir", str(tmp_path / "state"), "--truncate", fresh=True)  # fmt: skip
-    expected = cde_model.encode(QUERIES, prompt=cde_model.prompts["query"])
-    assert np.abs(_embed(server, QUERIES) - expected).max() <= 1e-5
-    with server.client() as client:
-        created = client.post("/v1/contexts", json={"name": "topics", "documents": TOPIC_DOCS, "seed": 0})
-        assert created.status_code == 201, created.text
-    vectors = cde_model.embed_context(TOPIC_DOCS, seed=0)
-    in_context = cde_model.encode(QUERIES, prompt=cde_model.prompts["query"], context_vectors=vectors)
-    assert np.abs(_embed(server, QUERIES, "topics") - in_context).max() <= 1e-5
-    child = _model_child(server.proc.pid)
-    os.kill(child, signal.SIGKILL)
-    wait_until_ended(child)
-    # A batch sent as the child died gets 503 with Retry-After; the next one starts a new child and is answered.
-    body = {"model": "tiny-cde", "input": QUERIES, "input_type": "query", "context": "topics"}
-    with server.client() as client:
-        first = client.post("/v1/embeddings", json=body)
-    assert first.status_code == 200 or (first.status_code == 503 and first.headers["retry-after"]), first.text
-    assert np.abs(_embed(server, QUERIES, "topics") - in_context).max() <= 1e-5
-    replaced = _model_child(server.proc.pid)
-    assert replaced != child
-    with server.client() as client:
-        metrics = client.get("/metrics").text
-    assert re.search(r"^cde_st_forwards_total [1-9]", metrics, re.M)
-    assert server.stop() == 0  # SIGTERM: the server ends its model process
-    assert wait_until_ended(replaced)
-
-
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads a process's children from /proc")
-def test_readiness_follows_the_model_process(cde_dir, cde_model, start_server):
-    """A model process killed while it loads, or after it served, is replaced without waiting for a request, and
-    /ready answers 503 until the new one has answered (once /ready stayed 503 for good while embeddings were 200)."""
+def test_a_server_answers_through_its_model_process_and_readiness_follows_it(
+    cde_dir, cde_model, start_server, tmp_path
+):
+    """A fresh `python -m cde_st.serving`, as users run it (the model process is spawned from that interpreter),
+    answers through its model process. A model process killed while it loads, or after it served, is replaced
+    without waiting for a request, and /ready answers 503 until the new one has answered (once /ready stayed 503 for
+    good while embeddings were 200); a batch sent meanwhile gets 503 with Retry-After at worst. One server for both:
+    its start and each model process's cost seconds of importing torch."""
     pytest.importorskip("fastapi", reason="the server needs the serve extra (pip install -e '.[dev]')")
     killed: list[int] = []
 
@@ -255,17 +228,32 @@ def test_readiness_follows_the_model_process(cde_dir, cde_model, start_server):
         os.kill(child, signal.SIGKILL)
         killed.append(child)
 
-    server = start_server(cde_dir, "--model-process", "--served-model-name", "tiny-cde", "--truncate", fresh=True,
-                          started=kill_it_while_it_loads)  # fmt: skip
+    server = start_server(cde_dir, "--model-process", "--served-model-name", "tiny-cde", "--truncate", "--state-dir",
+                          str(tmp_path / "state"), fresh=True, started=kill_it_while_it_loads)  # fmt: skip
     _until(lambda: _ready(server) == 200, "/ready after the model process was killed while loading")
     first = _model_child(server.proc.pid)
     assert first != killed[0]
     expected = cde_model.encode(QUERIES, prompt=cde_model.prompts["query"])
     assert np.abs(_embed(server, QUERIES) - expected).max() <= 1e-5
+    with server.client() as client:
+        created = client.post("/v1/contexts", json={"name": "topics", "documents": TOPIC_DOCS, "seed": 0})
+        assert created.status_code == 201, created.text
+    vectors = cde_model.embed_context(TOPIC_DOCS, seed=0)
+    in_context = cde_model.encode(QUERIES, prompt=cde_model.prompts["query"], context_vectors=vectors)
+    assert np.abs(_embed(server, QUERIES, "topics") - in_context).max() <= 1e-5
     os.kill(first, signal.SIGKILL)
     # Not ready once it has ended (its last thread gone), until a new one, started without a request, answered.
     _until(lambda: _ready(server) == 503, "/ready answering 503 for the ended model process", limit=30)
+    body = {"model": "tiny-cde", "input": QUERIES, "input_type": "query", "context": "topics"}
+    with server.client() as client:
+        meanwhile = client.post("/v1/embeddings", json=body)
+    assert meanwhile.status_code == 200 or (meanwhile.status_code == 503 and meanwhile.headers["retry-after"])
     _until(lambda: _ready(server) == 200, "/ready after the model process was killed")
-    assert _model_child(server.proc.pid) != first
-    assert np.abs(_embed(server, QUERIES) - expected).max() <= 1e-5
-    assert server.stop() == 0
+    replaced = _model_child(server.proc.pid)
+    assert replaced != first
+    assert np.abs(_embed(server, QUERIES, "topics") - in_context).max() <= 1e-5
+    with server.client() as client:
+        metrics = client.get("/metrics").text
+    assert re.search(r"^cde_st_forwards_total [1-9]", metrics, re.M)
+    assert server.stop() == 0  # SIGTERM: the server ends its model process
+    assert wait_until_ended(replaced)
