@@ -5,9 +5,10 @@ the eval kit and the in-training evaluators call :func:`sample_context`, and ``c
 corpus, keeps a :class:`BottomKSample`. Both take the corpus as a set of documents (:func:`context_documents`:
 duplicates and blank documents dropped, a mapping's texts) and choose the ``size`` documents with the smallest
 seeded 64-bit hash (:func:`text_hash`, a "bottom-k" sample: uniform over the distinct documents, since the hash is),
-in that hash order; a corpus of fewer distinct documents is tiled evenly (:func:`tile_sample`). So a (corpus, J,
-seed) triple yields the same context rows in process and in the embed tool, whatever the corpus order, repeats, or
-how many workers read it.
+in that hash order, or in corpus order (first occurrences) for an architecture whose context rows carry positions
+(:func:`reads_context_order`); a corpus of fewer distinct documents is tiled evenly (:func:`tile_sample`). So a
+(corpus, J, seed) triple yields the same context rows in process and in the embed tool, for either kind of model;
+the chosen documents do not depend on the corpus order, repeats, or how many workers read it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "fingerprint_array",
     "fingerprint_texts",
     "is_seed",
+    "reads_context_order",
     "sample_context",
     "sample_indices",
     "sample_prompted_context",
@@ -146,6 +148,13 @@ def text_hash(text: str, seed: int) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8, key=key).digest(), "little")
 
 
+def reads_context_order(module: Any) -> bool:
+    """Whether a contextual module's output depends on the order of its context rows, so that its context keeps the
+    corpus order: cde-small-v2's context rows get rotary positions (``prefix_positions="sequence"``); position-free
+    rows (cde_st's own, cde-small-v1's unrotated ones) read a set, and take the sample in hash order."""
+    return getattr(module, "prefix_positions", "none") == "sequence"
+
+
 def bottom_k(documents: Iterable[str], size: int, seed: int) -> list[str]:
     """The ``size`` distinct ``documents`` with the smallest :func:`text_hash`, smallest first (a tie of two 64-bit
     hashes, never seen in practice, goes by text); all of them when there are fewer. ``documents``: checked texts
@@ -185,8 +194,9 @@ def sample_context(
     The choice and its order are a function of the corpus as a set and the seed: the same documents in another
     order or repeated (a shuffled or re-read corpus, another shard order, a document listed twice) give the same
     context, and ``cde-st-embed`` (:class:`BottomKSample`, streaming) gives the same rows. ``keep_order=True``
-    returns the same documents in corpus order (first occurrences): for an architecture that reads the order of its
-    context rows (cde-small-v2 gives them rotary positions), as the released model card's procedure keeps it.
+    returns the same documents in corpus order (first occurrences, then tiled as a hash-ordered sample is): for an
+    architecture that reads the order of its context rows (:func:`reads_context_order`: cde-small-v2 gives them
+    rotary positions), as the released model card's procedure keeps it; ``cde-st-embed`` then keeps the same order.
 
     Example:
         >>> sample_context(["d", "c", "b", "a"], size=3, seed=1)
@@ -209,9 +219,16 @@ def sample_context(
 
 class BottomKSample:
     """:func:`bottom_k` in one streaming pass: the ``size`` distinct non-blank texts with the smallest seeded hash
-    among those offered, in memory ``size`` texts. It depends only on the texts offered as a set and the seed: not
-    on their order, nor on repeats (a text seen twice has one hash); samples of parts of a corpus merge exactly
-    (:meth:`merge`), so workers can each sample their part. ``seed``: the one seed rule (:func:`check_seed`).
+    among those offered, in memory ``size`` texts. Which texts it holds depends only on the texts offered as a set
+    and the seed: not on their order, nor on repeats (a text seen twice has one hash); samples of parts of a corpus
+    merge exactly (:meth:`merge`), so workers can each sample their part. ``seed``: the one seed rule
+    (:func:`check_seed`).
+
+    Each kept text also keeps its first position in the corpus (the smallest position it was offered at), so the
+    sample can be given in corpus order (``keep_order``: the order ``sample_context(..., keep_order=True)`` gives,
+    for an architecture whose context rows carry positions) as well as in hash order. A single stream needs no
+    positions (each offer counts as the next); workers sampling parts of a corpus pass each text's position in the
+    whole corpus, so that their merged sample orders the texts as one pass over the corpus would.
 
     Example:
         >>> a, b = BottomKSample(2, seed=0), BottomKSample(2, seed=0)
@@ -220,45 +237,70 @@ class BottomKSample:
         True
         >>> BottomKSample(2, seed=0).offer_many(["d", "c", "b", "a"]).texts() == sample_context(["d", "c", "b", "a"], 2)
         True
+        >>> ordered = BottomKSample(3, seed=1, keep_order=True).offer_many(["d", "c", "b", "a"]).texts()
+        >>> ordered == sample_context(["d", "c", "b", "a"], 3, seed=1, keep_order=True)
+        True
     """
 
-    def __init__(self, size: int, seed: int = 0) -> None:
+    def __init__(self, size: int, seed: int = 0, keep_order: bool = False) -> None:
         if size < 1:
             raise ValueError(f"context size must be >= 1, got {size}.")
-        self.size, self.seed = size, check_seed(seed)
+        self.size, self.seed, self.keep_order = size, check_seed(seed), keep_order
         self._heap: list[tuple[int, str]] = []  # (-hash, text): the largest kept hash on top
-        self._kept: set[str] = set()
+        self._kept: dict[str, int] = {}  # kept text -> its first position
+        self._next = 0  # the position of an offer that names none: one past the largest seen
 
-    def offer(self, text: str) -> None:
-        """Consider one text (blank texts are never sampled)."""
-        if not text.strip() or text in self._kept:
+    def offer(self, text: str, position: int | None = None) -> None:
+        """Consider one text (blank texts are never sampled) at ``position`` in the corpus (default: right after
+        the largest position offered so far)."""
+        if position is None:
+            position = self._next
+        self._next = max(self._next, position + 1)
+        self._consider(text, position)
+
+    def _consider(self, text: str, position: int) -> None:
+        # A text not kept when first offered never is (the largest kept hash only falls), so a kept text has seen
+        # every offer of itself since its first: the smallest of their positions is its first in the corpus.
+        if text in self._kept:
+            self._kept[text] = min(self._kept[text], position)
+            return
+        if not text.strip():
             return
         h = text_hash(text, self.seed)
         if len(self._heap) < self.size:
             heapq.heappush(self._heap, (-h, text))
-            self._kept.add(text)
+            self._kept[text] = position
         elif h < -self._heap[0][0]:
             _, dropped = heapq.heapreplace(self._heap, (-h, text))
-            self._kept.discard(dropped)
-            self._kept.add(text)
+            del self._kept[dropped]
+            self._kept[text] = position
 
-    def offer_many(self, texts: Iterable[str]) -> BottomKSample:
-        """:meth:`offer` each text; returns this sample."""
-        for text in texts:
-            self.offer(text)
+    def offer_many(self, texts: Iterable[str], positions: Iterable[int] | None = None) -> BottomKSample:
+        """:meth:`offer` each text (at the matching one of ``positions``, when given); returns this sample."""
+        if positions is None:
+            for text in texts:
+                self.offer(text)
+        else:
+            for text, position in zip(texts, positions, strict=True):
+                self.offer(text, position)
         return self
 
     def merge(self, other: BottomKSample) -> BottomKSample:
-        """This sample after also offering everything ``other`` was offered (same size and seed)."""
+        """This sample after also offering everything ``other`` was offered, at the positions it was offered at
+        (same size and seed)."""
         if (other.size, other.seed) != (self.size, self.seed):
             raise ValueError("only samples of the same size and seed merge.")
-        self.offer_many(other.texts())
+        for text, position in other._kept.items():
+            self._consider(text, position)
+        self._next = max(self._next, other._next)
         return self
 
     def texts(self) -> list[str]:
-        """The sampled texts, smallest hash first (fewer than ``size`` when fewer distinct texts were offered;
-        :func:`tile_sample` makes them the context rows :func:`sample_context` gives)."""
-        return [text for _, text in sorted(self._heap, key=lambda item: (-item[0], item[1]))]
+        """The sampled texts, smallest hash first, or with ``keep_order`` in corpus order (by first position);
+        fewer than ``size`` when fewer distinct texts were offered (:func:`tile_sample` makes them the context rows
+        :func:`sample_context` gives)."""
+        by_hash = [text for _, text in sorted(self._heap, key=lambda item: (-item[0], item[1]))]
+        return sorted(by_hash, key=self._kept.__getitem__) if self.keep_order else by_hash
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -28,6 +28,8 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+#: The tiny random-weight cde-small-v2 made with the public reference code (tests/released reads the whole fixture).
+RELEASED_V2 = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "cde_reference" / "v2"
 
 
 def minilm_path() -> str | None:
@@ -53,6 +55,19 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture
+def tiny_released_v2():
+    """A tiny cde-small-v2 (ContextualSentenceTransformer, eval mode): a model whose context rows carry rotary
+    positions (``prefix_positions="sequence"``), so its output depends on the order of its context."""
+    if not (RELEASED_V2 / "model.safetensors").is_file():
+        pytest.skip(f"CDE reference fixture not found at {RELEASED_V2}")
+    from cde_st import ContextualSentenceTransformer
+
+    model = ContextualSentenceTransformer(str(RELEASED_V2))
+    model.eval()
+    return model
 
 
 @pytest.fixture(scope="session")

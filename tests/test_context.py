@@ -191,23 +191,66 @@ def test_the_streaming_sample_keeps_its_seed_rule_and_refuses_what_it_refused():
         BottomKSample(4, seed=0).merge(BottomKSample(4, seed=1))
 
 
+def test_the_streaming_sample_in_corpus_order_is_the_in_process_one():
+    """keep_order: the same documents, in the order of their first occurrence, tiled as sample_context tiles them."""
+    rng = random.Random(2)
+    stream = TEXTS[:40] * 2 + ["", "   "]
+    rng.shuffle(stream)
+    for size in (1, 8, 40, 50):
+        for seed in (0, 5, 2**32 - 1):
+            ordered = BottomKSample(size, seed, keep_order=True).offer_many(stream).texts()
+            assert sorted(ordered) == sorted(BottomKSample(size, seed).offer_many(stream).texts())
+            assert tile_sample(ordered, size, seed) == sample_context(stream, size, seed, keep_order=True)
+    assert BottomKSample(4, keep_order=True).offer_many(["b", " ", "a", "b", "c"]).texts() == ["b", "a", "c"]
+
+
+def test_samples_of_parts_merge_into_the_corpus_order_of_one_pass():
+    """Workers sampling parts of a corpus offer global positions; a text in several parts keeps its first one."""
+    stream = TEXTS[:60] * 2
+    random.Random(3).shuffle(stream)
+    whole = BottomKSample(16, seed=1, keep_order=True).offer_many(stream).texts()
+    assert whole == sample_context(stream, 16, seed=1, keep_order=True)
+    positions = range(len(stream))
+    for parts in ([slice(i, None, 3) for i in range(3)], [slice(80, None), slice(0, 80)]):
+        samples = [
+            BottomKSample(16, seed=1, keep_order=True).offer_many(stream[part], positions[part]) for part in parts
+        ]
+        merged = samples[0]
+        for sample in samples[1:]:
+            merged = merged.merge(sample)
+        assert merged.texts() == whole
+    late, early = BottomKSample(4, keep_order=True), BottomKSample(4, keep_order=True)
+    late.offer_many(["a", "b"], [5, 6])
+    early.offer_many(["b"], [1])
+    assert late.merge(early).texts() == ["b", "a"]
+    with pytest.raises(ValueError):
+        BottomKSample(4).offer_many(["a", "b"], [0])
+
+
+@pytest.mark.parametrize("positions", [False, True], ids=["position-free", "rotary-context-rows"])
 @pytest.mark.parametrize(("documents", "seed"), [(40, 0), (40, 3), (5, 7)])
-def test_in_process_and_embed_tool_embeddings_are_identical(make_tiny_cde, tmp_path, documents, seed):
+def test_in_process_and_embed_tool_embeddings_are_identical(request, tmp_path, documents, seed, positions):
     """The same corpus and seed give the same context rows, hence bit-identical embeddings, in process and through
-    cde-st-embed's job (5 documents for 8 slots: both tile them evenly)."""
+    cde-st-embed's job (5 documents for 8 slots: both tile them evenly), for a model whose context is a set (given
+    in process in another order) and for one whose context rows carry positions (cde-small-v2: both keep the corpus
+    order, first occurrences of a repeated document)."""
     from cde_st.corpus import embed_corpus, read_context_file, read_manifest, read_shard
 
-    model = make_tiny_cde(context_size=8)
+    model = request.getfixturevalue("tiny_released_v2") if positions else request.getfixturevalue("make_tiny_cde")()
+    assert model.context_size == 8
     texts = [f"passage {i} about {'rain' if i % 3 else 'markets'} {i % 7}" for i in range(documents)]
+    in_file = list(reversed(texts)) + texts[:2]  # two documents again, under new ids
     path = tmp_path / "corpus.jsonl"
-    path.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(reversed(texts))))
+    path.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(in_file)))
     manifest = embed_corpus(model, path, tmp_path / "out", seed=seed, batch_size=32, show_progress_bar=False)
-    info = model.set_context(texts, seed=seed)
+    info = model.set_context(in_file if positions else texts, seed=seed)
+    if positions:  # the order is what this case checks: hash order would give other rows
+        assert sample_context(in_file, 8, seed) != sample_context(in_file, 8, seed, keep_order=True)
     assert manifest["context"]["texts_fingerprint"] == info.fingerprint
     stored = read_context_file(tmp_path / "out" / "context.safetensors").vectors
     assert torch.equal(torch.from_numpy(stored), model.contextual_module.context_vectors.cpu())
     (entry,) = read_manifest(tmp_path / "out")["shards"]
     ids, embedded = read_shard(tmp_path / "out" / entry["file"])
-    in_process = model.encode_document(list(reversed(texts)), batch_size=32, convert_to_numpy=True)
-    assert ids == [f"d{i}" for i in range(documents)]
+    in_process = model.encode_document(in_file, batch_size=32, convert_to_numpy=True)
+    assert ids == [f"d{i}" for i in range(len(in_file))]
     assert float(np.abs(embedded - in_process).max()) == 0.0

@@ -56,8 +56,9 @@ class CorpusContext:
     Attributes:
         vectors: (J, d) float32.
         source: ``"sample"`` (from the corpus), ``"model"`` (the model's saved context) or ``"file"``.
-        request: what was asked for (source, and size + seed for a sample, the path for a file): a rerun asking
-            the same reuses the vectors kept in the job's folder instead of computing them again.
+        request: what was asked for (source; for a sample its size, seed and, for a model that reads the order of
+            its context rows, ``order: "corpus"``; the path for a file): a rerun asking the same reuses the vectors
+            kept in the job's folder instead of computing them again.
         texts_fingerprint: of the sampled, prompted texts (:func:`~cde_st.context.fingerprint_texts`), when sampled.
     """
 
@@ -159,9 +160,10 @@ def given_context(model: Any, spec: str, model_identities: set[str] | None = Non
 
 
 def embed_sampled_context(
-    model: Any, texts: list[str], prompt: str, size: int, seed: int, batch_size: int
+    model: Any, texts: list[str], prompt: str, size: int, seed: int, batch_size: int, order: str | None = None
 ) -> CorpusContext:
-    """The first-stage vectors of ``texts`` (a corpus sample, unprompted), prompted with ``prompt``."""
+    """The first-stage vectors of ``texts`` (a corpus sample, unprompted), prompted with ``prompt``; ``order``:
+    ``"corpus"`` when the sample's rows are in corpus order (recorded in the request), None for hash order."""
     if not is_contextual(model):
         raise TypeError("a context is for a contextual model only.")
     prompted = [prompt + t for t in texts]
@@ -170,6 +172,6 @@ def embed_sampled_context(
     return CorpusContext(
         vectors.float().cpu().numpy(),
         "sample",
-        {"source": "sample", "size": size, "seed": seed},
+        {"source": "sample", "size": size, "seed": seed, **({"order": order} if order else {})},
         texts_fingerprint=fingerprint_texts(prompted),
     )

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from cde_st.context import BottomKSample, tile_sample
+from cde_st.context import BottomKSample, reads_context_order, tile_sample
 from cde_st.corpus.corpus_context import (
     CONTEXT_FILE,
     CorpusContext,
@@ -43,7 +43,14 @@ from cde_st.corpus.corpus_context import (
 )
 from cde_st.corpus.drift import DriftReference, attach_reference
 from cde_st.corpus.encoders import DocumentEncoder, WorkerPool, document_prompt
-from cde_st.corpus.manifest import FORMAT, add_history, check_same_job, read_manifest, write_manifest
+from cde_st.corpus.manifest import (
+    FORMAT,
+    add_history,
+    check_same_job,
+    check_sample_order,
+    read_manifest,
+    write_manifest,
+)
 from cde_st.corpus.output_folder import OutputFolder
 from cde_st.corpus.readers import CorpusReader
 from cde_st.corpus.scan import ScanResult, scan_corpus
@@ -51,7 +58,7 @@ from cde_st.corpus.shards import DTYPES, content_hash, read_shard, shard_name, w
 from cde_st.corpus.versions import versioned_name
 from cde_st.data import DataError
 from cde_st.fingerprints import model_fingerprint
-from cde_st.model import context_prompt, is_contextual
+from cde_st.model import context_prompt, contextual_module, is_contextual
 from cde_st.model_loading import load_options
 
 __all__ = [
@@ -61,9 +68,11 @@ __all__ = [
     "finished_shards",
     "job_header",
     "make_encoder",
-    "sampled_rows",
     "record_shard",
     "sample_for",
+    "sample_request",
+    "sampled_context",
+    "sampled_rows",
     "shard_records",
 ]
 
@@ -121,22 +130,27 @@ def _context_request(model: Any, context: str | None, context_size: int | None, 
         size = model.contextual_module.context_size if context_size is None else context_size
         if size < 1:
             raise ValueError(f"context_size (--context-size) must be at least 1 document, got {size}.")
-        return {"source": "sample", "size": int(size), "seed": int(seed)}
+        return sample_request(model, size, seed)
     return {"source": "model"} if context == "model" else {"source": "file", "path": str(Path(context).resolve())}
 
 
-def _resolve_context(model, request, out_dir: Path, old: dict | None, scan: ScanResult, batch_size) -> CorpusContext:
-    """The job's context: the folder's own when this run asks for the same one, else computed (sample) or read."""
+def _saved_context(out_dir: Path, old: dict | None, request: dict | None) -> CorpusContext | None:
+    """The folder's own context, when this run asks for the one it has and its file is there, intact."""
     saved = context_path(out_dir, old or {})
-    if old is not None and old.get("context") and old["context"]["request"] == request and saved.is_file():
-        context = read_context_file(saved)
-        if context.fingerprint == old["context"]["fingerprint"]:
-            return context
+    if old is None or not old.get("context") or old["context"]["request"] != request or not saved.is_file():
+        return None
+    context = read_context_file(saved)
+    return context if context.fingerprint == old["context"]["fingerprint"] else None
+
+
+def _resolve_context(model, request, saved: CorpusContext | None, scan: ScanResult, batch_size) -> CorpusContext:
+    """The job's context: the folder's own (``saved``) when there is one, else computed (sample) or read."""
+    if saved is not None:
+        return saved
     if request["source"] == "sample":
         if not scan.sample:
             raise ValueError("the corpus has no non-blank text to sample a context from.")
-        texts = sampled_rows(scan, request)
-        return embed_sampled_context(model, texts, context_prompt(model), request["size"], request["seed"], batch_size)
+        return sampled_context(model, scan, request, batch_size)
     # A cde-st-serve context records the fingerprint of the model as the server loaded it (its saved context
     # included): accept that one, or the context-free fingerprint.
     identities = {model_fingerprint(model), model_fingerprint(model, with_context=False)}
@@ -237,30 +251,53 @@ def _check_options(
 _CARRIED = ("generation", "context_file", "drift", "history")
 
 
+def sample_request(model: Any, size: int, seed: int) -> dict:
+    """The request of a context of ``size`` documents sampled from the corpus with ``seed``. For a model that reads
+    the order of its context rows (:func:`cde_st.context.reads_context_order`: cde-small-v2) it also holds
+    ``order: "corpus"``: the sample's rows are then in corpus order, as ``set_context`` gives them. A sample request
+    without ``order`` is in hash order, as every folder written before the order was kept has it, whatever the model."""
+    request = {"source": "sample", "size": int(size), "seed": int(seed)}
+    if reads_context_order(contextual_module(model)):
+        request["order"] = "corpus"
+    return request
+
+
 def sample_for(request: dict | None) -> BottomKSample | None:
-    """The scan's sample for a context ``request`` (None unless the context is sampled from the corpus)."""
+    """The scan's sample for a context ``request`` (None unless the context is sampled from the corpus), in the
+    order the request asks for."""
     if request is None or request["source"] != "sample":
         return None
-    return BottomKSample(request["size"], request["seed"])
+    return BottomKSample(request["size"], request["seed"], keep_order=request.get("order") == "corpus")
 
 
 def sampled_rows(scan: ScanResult, request: dict) -> list[str]:
-    """The context rows of a sampled ``request``: the scan's bottom-k sample, tiled evenly to the size asked for when
-    the corpus has fewer distinct documents (:func:`cde_st.context.tile_sample`), as ``sample_context`` does."""
+    """The context rows of a sampled ``request``: the scan's bottom-k sample (in hash or corpus order, as the request
+    asks), tiled evenly to the size asked for when the corpus has fewer distinct documents
+    (:func:`cde_st.context.tile_sample`), as ``sample_context`` does."""
     return tile_sample(scan.sample, request["size"], request["seed"])
+
+
+def sampled_context(model: Any, scan: ScanResult, request: dict, batch_size: int) -> CorpusContext:
+    """The context of a sampled ``request``: its rows (:func:`sampled_rows`) prompted and embedded by ``model``."""
+    texts, size, seed = sampled_rows(scan, request), request["size"], request["seed"]
+    return embed_sampled_context(model, texts, context_prompt(model), size, seed, batch_size, request.get("order"))
 
 
 def _prepare(model, reader, out_dir, header, request, old, batch_size, show_progress_bar) -> dict:
     """The scan and the context (reused from the folder when this run asks for what it has), in the manifest."""
+    if old is not None:
+        check_sample_order(out_dir, old, request)
+    saved = _saved_context(out_dir, old, request)
     if old is not None and old.get("scan") is not None:
         scan = ScanResult(**old["scan"])
-        needs_sample = request is not None and request["source"] == "sample" and old["context"]["request"] != request
-        if needs_sample:  # another sample was asked for: scan again, to name its fingerprint in the refusal
+        # Another sample was asked for (scanned to name its fingerprint in the refusal), or the folder's own is
+        # missing or damaged (sampled again: the same rows, checked by their fingerprint).
+        if saved is None and request is not None and request["source"] == "sample":
             scan = scan_corpus(reader, out_dir, sample_for(request), show_progress_bar)
     else:
         scan = scan_corpus(reader, out_dir, sample_for(request), show_progress_bar)
         check_not_empty(reader, scan)
-    context = None if request is None else _resolve_context(model, request, out_dir, old, scan, batch_size)
+    context = None if request is None else _resolve_context(model, request, saved, scan, batch_size)
     manifest = {**header, "context": None if context is None else context.describe(), "scan": scan.to_dict()}
     if old is not None:
         check_same_job(out_dir, old, manifest)

@@ -9,7 +9,8 @@ writes the others.
 
 A job whose model, context, prompt, corpus (content included), reader fields or cut differs from the one a folder
 was written with is refused (:class:`ForeignOutputError`), naming both values: a folder of shards never mixes two
-embedding spaces, nor two versions of a document.
+embedding spaces, nor two versions of a document. A sampled context's request without ``order`` is in hash order
+(:func:`check_sample_order`: such a folder is not continued with the same sample in corpus order).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from cde_st.corpus.corpus_context import context_path
 from cde_st.corpus.shards import DamagedFileError, write_atomically
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "add_history",
     "check_same_embedding",
     "check_same_job",
+    "check_sample_order",
     "read_manifest",
     "write_manifest",
 ]
@@ -125,6 +128,25 @@ def check_same_job(folder: str | Path, old: dict[str, Any], new: dict[str, Any])
             f"run's context fingerprint is {new_context.get('fingerprint', 'none')} (model fingerprint "
             f"{_get(new, ('model', 'identity'))} in both). Use another --out folder, or the folder's own context."
         )
+
+
+def check_sample_order(out_dir: str | Path, old: dict, request: dict | None) -> None:
+    """Refuse to continue a folder whose context was sampled in hash order (before cde-st-embed kept the corpus
+    order) when this run asks for the same sample in corpus order: other context rows, so the folder's shards would
+    mix two embedding spaces. Its own context file still finishes it."""
+    recorded = (old.get("context") or {}).get("request") or {}
+    if request is None or recorded.get("source") != "sample" or "order" in recorded:
+        return
+    if request.get("order") != "corpus" or {**recorded, "order": "corpus"} != request:
+        return  # the same request (resumed as is), or another sample (refused by its fingerprint)
+    raise ForeignOutputError(
+        f"{out_dir} was embedded with a context of {recorded['size']} documents sampled with seed {recorded['seed']} "
+        "in hash order, as cde-st-embed sampled before it kept the corpus order for models whose context rows carry "
+        "positions (this one's do). This run samples the same documents in corpus order, as set_context does: other "
+        "context rows, other embeddings, and the folder's shards would mix the two. To finish the folder with its own "
+        f"context, pass --context {context_path(out_dir, old)}; to get the embeddings set_context gives, use another "
+        "--out folder, or delete this one."
+    )
 
 
 def _what_to_do(path: tuple[str, ...]) -> str:

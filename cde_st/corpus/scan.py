@@ -79,8 +79,9 @@ def scan_corpus(
             for i, first in repeated.items():
                 reader.reject(f"duplicate id {batch.ids[i]!r} (first at {first})", batch.wheres[i], "duplicate id")
                 duplicates.append(batch.positions[i])
-            if sample is not None:
-                sample.offer_many(t for i, t in enumerate(batch.texts) if i not in repeated)
+            if sample is not None:  # at their stream positions: the order of a sample kept in corpus order
+                kept = [i for i in range(len(batch)) if i not in repeated]
+                sample.offer_many([batch.texts[i] for i in kept], [batch.positions[i] for i in kept])
             if on_batch is not None:
                 on_batch(batch, set(repeated))
             valid += len(batch) - len(repeated)

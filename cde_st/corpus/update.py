@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from cde_st.corpus.corpus_context import CONTEXT_FILE, context_path, embed_sampled_context, read_context_file
+from cde_st.corpus.corpus_context import CONTEXT_FILE, context_path, read_context_file
 from cde_st.corpus.drift import DriftReference, attach_reference, manifest_drift
 from cde_st.corpus.index import write_index
 from cde_st.corpus.job import (
@@ -41,7 +41,8 @@ from cde_st.corpus.job import (
     make_encoder,
     record_shard,
     sample_for,
-    sampled_rows,
+    sample_request,
+    sampled_context,
     shard_records,
 )
 from cde_st.corpus.manifest import ForeignOutputError, add_history, check_same_embedding, read_manifest, write_manifest
@@ -58,7 +59,6 @@ from cde_st.corpus.versions import (
     versioned_name,
     write_pending,
 )
-from cde_st.model import context_prompt
 
 __all__ = ["recontextualize_corpus", "update_corpus"]
 
@@ -98,11 +98,7 @@ def recontextualize_corpus(
     size = context_size if context_size is not None else recorded.get("size", live["context"]["size"])
     if size < 1:
         raise ValueError(f"context_size (--context-size) must be at least 1 document, got {size}.")
-    request = {
-        "source": "sample",
-        "size": int(size),
-        "seed": int(seed if seed is not None else recorded.get("seed", 0)),
-    }
+    request = sample_request(model, size, seed if seed is not None else recorded.get("seed", 0))
     return _new_version(model, corpus_path, out_dir, request, options)
 
 
@@ -219,8 +215,7 @@ def _context_and_reference(model, out: Path, live: dict, manifest: dict, request
         reference = DriftReference.load(out / drift["reference_file"]) if drift else None
         return context, reference
     batch_size = options.get("batch_size", 32)
-    texts = sampled_rows(scan, request)
-    made = embed_sampled_context(model, texts, context_prompt(model), request["size"], request["seed"], batch_size)
+    made = sampled_context(model, scan, request, batch_size)
     generation = manifest["generation"]
     manifest.update(context=made.describe(), context_file=versioned_name(CONTEXT_FILE, generation))
     made.save(out / manifest["context_file"])

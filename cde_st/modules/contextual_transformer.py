@@ -32,7 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from cde_st.context import ContextInfo, check_seed, sample_prompted_context, validate_texts
+from cde_st.context import ContextInfo, check_seed, reads_context_order, sample_prompted_context, validate_texts
 from cde_st.modules.backbone import get_adapter
 from cde_st.modules.context_attention import ContextKVCache, encode_with_context
 from cde_st.modules.context_lifecycle import (
@@ -267,7 +267,7 @@ class ContextualTransformer(InputModule):
         if size > self.context_size:
             raise ValueError(f"A context of {size} documents exceeds the model's {self.context_size} slots (J).")
         # Position-free context rows (ours) read a set; cde-small-v2's rotary context rows read an order.
-        return sample_prompted_context(corpus, size, check_seed(seed), prompt, self.prefix_positions == "sequence")
+        return sample_prompted_context(corpus, size, check_seed(seed), prompt, reads_context_order(self))
 
     def set_context(
         self,

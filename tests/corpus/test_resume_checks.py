@@ -1,18 +1,21 @@
 """A resume continues only the job that wrote the folder: the same corpus content, the same reader fields, an intact
-context file, a context of at least one document."""
+context file (a missing one sampled again), a context of at least one document, the same order of a sampled
+context."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from corpus_helpers import DOCS, as_if_killed, write_jsonl
+from corpus_helpers import DOCS, all_rows, as_if_killed, write_jsonl
 
 from cde_st.context_errors import ContextDamaged
 from cde_st.context_files import StoredContext, read, write
-from cde_st.corpus import ForeignOutputError, embed_corpus
+from cde_st.corpus import ForeignOutputError, embed_corpus, job
+from cde_st.corpus.update import recontextualize_corpus
 from cde_st.fingerprints import model_fingerprint
 
 
@@ -74,3 +77,41 @@ def test_a_context_of_zero_documents_is_refused(tiny_cde, corpus_file, tmp_path)
     assert not (tmp_path / "out").exists()
     one = embed_corpus(tiny_cde, corpus_file, tmp_path / "one", context_size=1, show_progress_bar=False)
     assert one["context"]["size"] == 1
+
+
+def test_a_hash_ordered_sample_of_a_model_that_reads_the_order_is_refused_and_finishes_with_its_own_context(
+    tiny_released_v2, corpus_file, tmp_path, monkeypatch
+):
+    """A folder written for cde-small-v2 before cde-st-embed kept the corpus order (its sample in hash order, its
+    request without an order) is not continued with a sample in corpus order, which mixes two contexts; its own
+    context file finishes it, row for row as it began; --recontextualize samples it anew in corpus order."""
+    out, options = tmp_path / "out", {"shard_size": 25, "show_progress_bar": False}
+    with monkeypatch.context() as before:  # what cde-st-embed did then: hash order, whatever the model
+        before.setattr(job, "reads_context_order", lambda module: False)
+        first = embed_corpus(tiny_released_v2, corpus_file, out, **options)
+    assert first["context"]["request"] == {"source": "sample", "size": 8, "seed": 0}
+    _, rows = all_rows(out)
+    as_if_killed(out)
+    with pytest.raises(ForeignOutputError, match=r"seed 0 in hash order, .* pass --context \S+context\.safetensors;"):
+        embed_corpus(tiny_released_v2, corpus_file, out, **options)
+    finished = embed_corpus(tiny_released_v2, corpus_file, out, context=str(out / "context.safetensors"), **options)
+    assert finished["complete"] and finished["context"] == first["context"]
+    assert np.array_equal(all_rows(out)[1], rows)
+    now = embed_corpus(tiny_released_v2, corpus_file, tmp_path / "now", **options)
+    assert now["context"]["request"] == {"source": "sample", "size": 8, "seed": 0, "order": "corpus"}
+    assert now["context"]["fingerprint"] != first["context"]["fingerprint"]
+    assert embed_corpus(tiny_released_v2, corpus_file, tmp_path / "now", **options)["complete"]  # resumes as is
+    resampled = recontextualize_corpus(tiny_released_v2, corpus_file, out, show_progress_bar=False)
+    assert resampled["context"]["request"] == now["context"]["request"]
+    assert resampled["context"]["fingerprint"] == now["context"]["fingerprint"]
+
+
+def test_a_resume_whose_context_file_is_gone_samples_the_same_context_again(tiny_cde, corpus_file, tmp_path):
+    out, options = tmp_path / "out", {"shard_size": 25, "show_progress_bar": False}
+    first = embed_corpus(tiny_cde, corpus_file, out, **options)
+    _, rows = all_rows(out)
+    as_if_killed(out)
+    (out / "context.safetensors").unlink()
+    finished = embed_corpus(tiny_cde, corpus_file, out, **options)
+    assert finished["complete"] and finished["context"]["fingerprint"] == first["context"]["fingerprint"]
+    assert np.array_equal(all_rows(out)[1], rows) and (out / "context.safetensors").is_file()
