@@ -6,7 +6,9 @@ Sections (each writes WORK/<section>.json and prints it):
   beforehand), ``embed_corpus`` with 1 process, 2 CPU pool workers and 2 Ray actors (local Ray, 2 CPUs), all with the
   MiniLM ``from_encoder`` contextual model (J=512) at a short max length (64 tokens, context documents too); and the
   MiniLM bi-encoder in-process, for the contextual / bi-encoder ratio. Back to back in one process, one torch thread
-  per process, load average recorded.
+  per process, load average recorded. ``--rows`` picks rows; ``two_at_once`` is the machine's ceiling for any two
+  workers: two independent processes, each encoding 2,000 documents in process, started together, against one alone.
+  ``--wiki N``: the first N distinct documents of the shared Wikipedia pairs instead of SciFact.
 - ``memory``: peak RSS of an ``embed_corpus`` child process on synthetic corpora of growing size (tiny random model).
 - ``resume``: ``cde-st-embed`` on 20,000 synthetic documents (tiny random model, 20 shards) killed with SIGKILL at
   about half way, rerun; output compared with an uninterrupted run, time lost.
@@ -39,7 +41,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCIFACT = ROOT.parent / "shared" / "data" / "retrieval" / "scifact"
 WIKI = ROOT.parent / "shared" / "data" / "pairs_wiki" / "wiki_pairs.jsonl.gz"
 #: The throughput section's rows, in the order they run.
-THROUGHPUT_ROWS = ("embed_1_process", "encode_document", "embed_1_process_again", "embed_2_pool_workers", "ray")
+THROUGHPUT_ROWS = (
+    "embed_1_process", "encode_document", "embed_1_process_again", "embed_2_pool_workers", "ray", "two_at_once"
+)  # fmt: skip
+CEILING_DOCUMENTS = 2000  # two_at_once: documents each copy encodes
 MAX_LENGTH = 64  # documents truncated to 64 tokens: keeps a CPU run short, the comparisons are like for like
 
 
@@ -87,6 +92,39 @@ def wiki_texts(n: int) -> list[str]:
     return list(texts)
 
 
+def _timed_encode(model_dir: str, texts: list[str], vectors, start, results) -> None:
+    """One copy of the in-process encode (a child process, one torch thread): load, wait for the others, time."""
+    import torch
+
+    from cde_st import ContextualSentenceTransformer
+
+    torch.set_num_threads(1)
+    model = ContextualSentenceTransformer(model_dir)
+    model.set_context(torch.as_tensor(vectors))
+    start.wait()
+    began = time.perf_counter()
+    model.encode_document(texts, batch_size=32)
+    results.put(time.perf_counter() - began)
+
+
+def copies_at_once(model_dir: str, texts: list[str], vectors, copies: int) -> float:
+    """Seconds until ``copies`` independent processes, started together, have each encoded ``texts``: what the
+    machine's cores give two single-threaded encoders with nothing shared, the ceiling of any two workers."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(copies), context.Queue()
+    processes = [
+        context.Process(target=_timed_encode, args=(model_dir, texts, vectors, start, results)) for _ in range(copies)
+    ]
+    for process in processes:
+        process.start()
+    seconds = max(results.get(timeout=3600) for _ in processes)
+    for process in processes:
+        process.join()
+    return seconds
+
+
 def rate(n: int, seconds: float) -> dict:
     return {"seconds": round(seconds, 2), "docs_per_s": round(n / seconds, 1), "load": load_averages()}
 
@@ -127,6 +165,14 @@ def throughput(
         rows["encode_document"] = rate(n, timed_call(lambda: model.encode_document(texts, batch_size=32))[0])
         plain_rate = timed_call(lambda: plain.encode_document(texts, batch_size=32))[0]
         rows["bi_encoder_encode_document"] = rate(n, plain_rate)
+        print(rows, flush=True)
+    if "two_at_once" in only:
+        vectors = read_context_file(work / "throughput_embed_1_process" / "context.safetensors").vectors
+        some = texts[:CEILING_DOCUMENTS]
+        alone = copies_at_once(contextual_minilm(work, 512), some, vectors, 1)
+        both = copies_at_once(contextual_minilm(work, 512), some, vectors, 2)
+        rows["encode_document_1_copy_alone"] = rate(len(some), alone)
+        rows["encode_document_2_copies_at_once"] = {**rate(2 * len(some), both), "speedup": round(alone * 2 / both, 2)}
         print(rows, flush=True)
     if "embed_1_process_again" in only:
         job("embed_1_process_again")  # the first job's rate again, after the others: how much the machine drifted

@@ -9,6 +9,8 @@ so each worker reads exactly these vectors.
 
 from __future__ import annotations
 
+import copy
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -34,26 +36,40 @@ def document_prompt(model: Any) -> str:
 
 
 class WorkerPool:
-    """sentence-transformers' multi-process pool on ``devices`` (none for fewer than two devices), as a context
-    manager that stops it.
+    """sentence-transformers' multi-process pool on ``devices`` (none for fewer than two devices), started in the
+    background; a context manager that stops it.
 
-    A worker takes seconds to start (it imports torch and unpickles the model) and starts in the background, so a
-    job starts its pool as soon as it knows it will embed: the workers load while the main process scans the corpus
-    and embeds the context, instead of after. The model stays on the device it was on (sentence-transformers moves
-    it to the CPU to share its weights with the workers; they have their copy once the pool has started).
+    A worker takes seconds to start (it imports torch and unpickles the model), and sentence-transformers' start
+    returns only once each worker has read the model, one after the other. A job starts its pool as soon as it knows
+    it will embed, from a copy of the model and in a thread, so that this process scans the corpus and embeds the
+    context with the model meanwhile; :attr:`pool` waits for the start. The workers' copy is the model as it was
+    when the pool was made (they get the context with every call); the model itself is not moved.
     """
 
     def __init__(self, model: Any, devices: list[str] | None) -> None:
-        self.model, self.pool = model, None
+        self.model, self._pool, self._starting = model, None, None
         if devices is not None and len(devices) > 1:
-            device = model.device
-            self.pool = model.start_multi_process_pool(list(devices))
-            model.to(device)
+            snapshot = copy.deepcopy(model)  # the thread reads it while this process runs the model
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cde-st-pool-start")
+            self._starting = self._executor.submit(snapshot.start_multi_process_pool, list(devices))
+
+    @property
+    def pool(self) -> dict | None:
+        """sentence-transformers' pool (None without one), once its workers have started."""
+        if self._starting is not None:
+            starting, self._starting = self._starting, None
+            self._executor.shutdown()
+            self._pool = starting.result()  # a failed start raises here
+        return self._pool
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.model.stop_multi_process_pool(self.pool)
-            self.pool = None
+        """Stop the workers (waiting for their start first, if it is still under way)."""
+        try:
+            pool = self.pool
+        finally:
+            self._pool = None
+        if pool is not None:
+            self.model.stop_multi_process_pool(pool)
 
     def __enter__(self) -> WorkerPool:
         return self

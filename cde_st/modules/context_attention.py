@@ -187,8 +187,8 @@ def encode_with_context(
 ) -> torch.Tensor:
     """The second stage: (B, L) ids of ``features`` read (J', d) context ``vectors`` -> (B, L, d) text states.
 
-    ``context_mask`` (B, J') or None: which vectors each row may read. ``reusable``: the vectors are the active
-    context and nothing needs their gradient (``cache`` may keep and reuse the prefix's keys/values).
+    ``context_mask`` (B, J') or None: which vectors each row may read. ``reusable``: inference, so ``cache`` may
+    keep the prefix's keys/values and reuse them for an equal prefix when nothing needs their gradient.
     ``verify_cache``: first drop the cached keys/values if the second stage changed since they were computed (the
     module asks once per encode call, with its weights check). ``runtime``: an exported graph that runs the layers
     in place of torch (:class:`~cde_st.modules.onnx_runtime.OnnxRuntime`); the prefix and its keys/values are

@@ -369,6 +369,11 @@ class ContextualTransformer(InputModule):
             features, context_vectors, context_mask, dataset_embeddings, kwargs
         )
         vectors, weights_checked = context_of_call(self, context_vectors)  # (J', d2)
+        # Given vectors may reuse the keys/values kept for an equal prefix too (a pool's workers get the context
+        # with every chunk, and would otherwise compute its keys/values for every batch, a fifth of the work at
+        # J = 512); no once-per-call check covers their forwards (a worker calls them directly), so the weights
+        # behind the kept keys/values are compared at each one (a few ms).
+        given = context_vectors is not None
         out = encode_with_context(
             features,
             vectors,
@@ -381,8 +386,8 @@ class ContextualTransformer(InputModule):
             gates=self.gates,
             cache=self.context_cache,
             training=self.training,
-            reusable=context_vectors is None and not self.training,
-            verify_cache=weights_checked,
+            reusable=not self.training,
+            verify_cache=weights_checked or given,
             runtime=self.runtime,
         )
         features["token_embeddings"] = out

@@ -197,23 +197,27 @@ def test_resume_after_kill_9_at_mid_run_gives_the_uninterrupted_output(tiny_bert
     assert np.array_equal(embeddings, whole)
 
 
-def test_the_pool_starts_before_the_context_is_embedded_and_not_for_a_finished_job(
+def test_the_pool_starts_while_the_context_is_embedded_and_not_for_a_finished_job(
     tiny_cde, corpus_file, tmp_path, monkeypatch
 ):
-    # The workers take seconds to load; started first, they load while this process scans and embeds the context.
+    # The workers take seconds to start (sentence-transformers' start waits for each to read the model): started
+    # first and in a thread, they load while this process scans and embeds the context.
+    import threading
+
     import cde_st.corpus.job as job
 
-    events = []
+    events, context_done = [], threading.Event()
 
     class Stop(Exception):
         pass
 
-    def start(devices):
-        events.append(("pool", list(devices)))
+    def start(devices):  # runs on the snapshot the pool is started from, in the pool's thread
+        events.append(("pool", list(devices), context_done.wait(timeout=30)))
         return {"input": None, "output": None, "processes": []}
 
     def embed_context(*args, **kwargs):
-        events.append(("context",))
+        events.append(("context", threading.current_thread() is threading.main_thread()))
+        context_done.set()
         raise Stop
 
     monkeypatch.setattr(tiny_cde, "start_multi_process_pool", start)
@@ -221,7 +225,8 @@ def test_the_pool_starts_before_the_context_is_embedded_and_not_for_a_finished_j
     monkeypatch.setattr(job, "embed_sampled_context", embed_context)
     with pytest.raises(Stop):
         embed_corpus(tiny_cde, corpus_file, tmp_path / "out", devices=["cpu", "cpu"], show_progress_bar=False)
-    assert events == [("pool", ["cpu", "cpu"]), ("context",), ("stopped",)]
+    # the start was under way when the context was embedded (it saw the context finish), then the pool stopped
+    assert events == [("context", True), ("pool", ["cpu", "cpu"], True), ("stopped",)]
     monkeypatch.undo()
     embed_corpus(tiny_cde, corpus_file, tmp_path / "done", show_progress_bar=False)
     events.clear()

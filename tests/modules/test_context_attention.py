@@ -325,3 +325,27 @@ def test_centred_context_rows_keep_what_sets_each_row_apart():
     torch.testing.assert_close(context_slots(rows[:1], null, config, training=False)[0], rows[0])  # one row: as is
     plain = ContextualConfig(context_size=8, context_attention="cached", context_gate=True)
     torch.testing.assert_close(context_slots(rows, null, plain, training=False)[:6], rows)
+
+
+def test_given_vectors_compute_their_keys_values_once_and_follow_the_weights(make_tiny_cde, monkeypatch):
+    # A pool worker gets the context as vectors with every chunk: their keys/values are kept like the active
+    # context's, and compared with the weights at every such forward (no once-per-call check covers them).
+    model = make_tiny_cde(context_size=8, context_attention="cached")
+    module = model.contextual_module
+    vectors = torch.randn(6, module.hidden_size)
+    adapter = module.second_adapter
+    computed = []
+    states = adapter.context_states
+    monkeypatch.setattr(adapter, "context_states", lambda *a, **k: computed.append(1) or states(*a, **k))
+    first = model.encode(DOCS, context_vectors=vectors, batch_size=2)
+    again = model.encode(DOCS, context_vectors=vectors.clone(), batch_size=2)
+    assert len(computed) == 1 and np.array_equal(first, again)
+    other = model.encode(DOCS, context_vectors=vectors + 0.5, batch_size=2)
+    assert len(computed) == 2 and np.abs(other - first).max() > 1e-4
+    for param in module.second_stage.parameters():
+        param.data += 0.01  # an edit no version counter records
+    edited = model.encode(DOCS, context_vectors=vectors, batch_size=2)
+    assert len(computed) == 3
+    monkeypatch.undo()
+    module.context_cache.drop()
+    np.testing.assert_array_equal(edited, model.encode(DOCS, context_vectors=vectors, batch_size=2))
