@@ -265,3 +265,13 @@ def test_importing_the_package_loads_no_heavy_library():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["[]"]
+
+
+def test_test_files_have_unique_names():
+    # tests/ has no __init__.py files: pytest imports each test file by its base name, so two files of one name in
+    # two folders make the second fail to collect ("import file mismatch") as soon as both run in one process.
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    repeated = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not repeated, f"test files share a name (rename one of each): {repeated}"
